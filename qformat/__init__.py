@@ -1,0 +1,36 @@
+"""qformat: a framework-neutral format for quantized tensors inside safetensors files.
+
+The public API (SPEC.md describes the file format it reads and writes):
+
+* :func:`quantize` encodes a NumPy array with a registered scheme into a :class:`QTensor`;
+* :func:`save_file` / :func:`load_file` write and read whole files;
+* :func:`safe_open` reads lazily from a memory map, with ``get_slice`` decoding only the
+  blocks asked for;
+* :func:`check` validates a file, a folder or a sharded checkpoint and reports every problem
+  with its stable error code.
+
+This package imports NumPy, ml_dtypes and jsonschema only: never torch or jax.
+"""
+
+from .check import Problem, Report, check
+from .errors import InvalidFileError, MalformedFileError, QFormatError, UnsupportedError, UsageError
+from .io import iter_tensors, load_file, safe_open, save_file
+from .qtensor import QTensor
+
+__version__ = "0.1.0"
+#: The qformat spec version this implementation writes and reads (SPEC.md).
+SPEC_VERSION = "1.0"
+
+
+def quantize(array, scheme: str, **params) -> QTensor:  # type: ignore[no-untyped-def]
+    """Encode ``array`` with the registered ``scheme`` (see :mod:`qformat.schemes`)."""
+    from .schemes import quantize as _quantize
+
+    return _quantize(array, scheme, **params)
+
+
+__all__ = [
+    "InvalidFileError", "MalformedFileError", "Problem", "QFormatError", "QTensor", "Report", "SPEC_VERSION",
+    "UnsupportedError", "UsageError", "__version__", "check", "iter_tensors", "load_file", "quantize",
+    "safe_open", "save_file",
+]

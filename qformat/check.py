@@ -1,0 +1,327 @@
+"""``qformat check``: validate files, folders and sharded checkpoints, reporting every problem.
+
+The checker verifies the container, the qformat metadata against the JSON Schema, every
+descriptor against its components, and the payload where it matters (padding bits, parameter
+values, group indices, codebook codes).  Payload checks stream through memory-mapped data in
+bounded chunks, so memory stays flat however large the file is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from . import tables
+from .container import _Dup, read_header, strict_json
+from .decode import decode, element_table
+from .descriptor import INT_PARAM_DTYPES, Descriptor, Param, codes_shape
+from .errors import QFormatError, error
+from .io import FileSource
+from .model import interpret
+from .packing import pack_rows, unpack_rows
+
+#: Packed bytes examined per step of the payload scan.
+SCAN_BYTES = 8 << 20
+INDEX_SUFFIX = ".safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding: a stable ``code``, the ``file`` and ``tensor`` it concerns, a sentence."""
+
+    code: str
+    file: str | None
+    tensor: str | None
+    field: str | None
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "file": self.file, "tensor": self.tensor, "field": self.field, "message": self.message}
+
+
+@dataclass
+class FileReport:
+    path: str
+    quantized: int = 0
+    plain: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "ok": self.ok, "quantized_tensors": self.quantized, "plain_tensors": self.plain,
+                "problems": [p.to_dict() for p in self.problems]}
+
+
+@dataclass
+class Report:
+    """The result of :func:`check`: ``ok`` when every file conforms."""
+
+    files: list[FileReport] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)  # every problem, files' included
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def unreadable(self) -> bool:
+        return any(p.code in ("FILE_UNREADABLE",) for p in self.problems)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "files": [f.to_dict() for f in self.files],
+                "problems": [p.to_dict() for p in self.problems]}
+
+
+def _problem(e: QFormatError, path: str | None) -> Problem:
+    return Problem(e.code, path, e.tensor, e.field, e.message)
+
+
+# -- payload checks ------------------------------------------------------------------------
+def _iter_row_blocks(words: np.ndarray, axis: int | None, wpr: int) -> Iterable[np.ndarray]:
+    """Yield 2-D [rows, wpr] blocks of packed words, at most about SCAN_BYTES each."""
+    if axis is None:
+        yield words.reshape(1, -1)
+        return
+    if words.size == 0:
+        return
+    step_bytes = max(1, SCAN_BYTES // max(1, wpr * words.dtype.itemsize))
+    if axis == words.ndim - 1:
+        flat = words.reshape(-1, wpr)
+        for i in range(0, flat.shape[0], step_bytes):
+            yield flat[i : i + step_bytes]
+        return
+    other = 0 if axis != 0 else 1
+    inner = math.prod(words.shape) // (words.shape[other] * wpr)
+    step = max(1, step_bytes // max(1, inner))
+    for i in range(0, words.shape[other], step):
+        idx = [slice(None)] * words.ndim
+        idx[other] = slice(i, i + step)
+        yield np.moveaxis(words[tuple(idx)], axis, -1).reshape(-1, wpr)
+
+
+def _check_codes(name: str, desc: Descriptor, src: Any, field_prefix: str) -> list[QFormatError]:
+    probs: list[QFormatError] = []
+    p, el = desc.codes.packing, desc.codes.element
+    bits = el.bits
+    _, length, wpr = codes_shape(desc)
+    words = src.array(desc.codes.tensor).view(p.word_dtype)
+    _, valid = element_table(desc, src)
+    bad_pad = 0
+    max_code = -1
+    for block in _iter_row_blocks(words, p.axis, wpr):
+        if p.axis is None:
+            # One long row: walk it in whole alignment units.
+            block = block.reshape(-1)
+            unit = p.element_alignment(bits)
+            unit_words = max(1, p.words_for(unit, bits))
+            units_per_step = max(1, (SCAN_BYTES // words.dtype.itemsize) // unit_words)
+            e = 0
+            while e < length:
+                n = min(length - e, units_per_step * unit)
+                w0 = p.words_for(e, bits)
+                last = e + n >= length
+                w1 = block.size if last else w0 + p.words_for(n, bits)
+                seg = np.asarray(block[w0:w1])[None, :]
+                codes = unpack_rows(seg, bits, p, n)
+                if last:
+                    # The final unit carries the row's tail padding and alignment words.
+                    rep = np.zeros_like(seg)
+                    packed = pack_rows(codes, bits, p)
+                    rep[:, : packed.shape[1]] = packed[:, : seg.shape[1]]
+                else:
+                    rep = pack_rows(codes, bits, p)
+                bad_pad += int(np.count_nonzero(rep != seg))
+                if codes.size:
+                    max_code = max(max_code, int(codes.max()))
+                e += n
+            if length == 0 and block.size:
+                bad_pad += int(np.count_nonzero(block))
+            continue
+        block = np.asarray(block)
+        codes = unpack_rows(block, bits, p, length)
+        bad_pad += int(np.count_nonzero(pack_rows(codes, bits, p) != block))
+        if codes.size:
+            max_code = max(max_code, int(codes.max()))
+    if bad_pad:
+        probs.append(error("PADDING_NONZERO", f"{bad_pad} packed containers have padding bits set to 1; writers must leave padding zero", tensor=name, field=f"{field_prefix}codes.tensor"))
+    if max_code >= valid:
+        probs.append(error("CODE_OUT_OF_RANGE", f"code {max_code} is past the end of the {valid}-entry codebook", tensor=name, field=f"{field_prefix}codes.tensor"))
+    return probs
+
+
+def _check_values(name: str, desc: Descriptor, prm: Param, vals: np.ndarray, field: str, int_dtype: bool) -> list[QFormatError]:
+    probs = []
+    if int_dtype:
+        big = np.abs(vals.astype(np.int64)) > tables.limits()["max_int_param_magnitude"]
+        if big.any():
+            probs.append(error("PARAM_INT_RANGE", f"{int(big.sum())} values exceed {tables.limits()['max_int_param_magnitude']} in magnitude", tensor=name, field=field))
+        return probs
+    f32 = vals.astype(np.float32)
+    if not desc.allow_nonfinite_params:
+        nf = ~np.isfinite(f32)
+        if nf.any():
+            i = int(np.flatnonzero(nf.reshape(-1))[0])
+            probs.append(error("PARAM_NONFINITE", f"{int(nf.sum())} {prm.role} values are NaN or infinite (first at flat index {i}: {f32.reshape(-1)[i]})", tensor=name, field=field))
+    if prm.op == "divide":
+        z = f32 == 0
+        if z.any():
+            probs.append(error("PARAM_DIVISOR_ZERO", f"{int(z.sum())} divisor scale values are zero", tensor=name, field=field))
+    return probs
+
+
+def check_payload(name: str, desc: Descriptor, src: Any, field_prefix: str = "") -> list[QFormatError]:
+    """Payload problems of one valid descriptor (recursing into encoded parameters)."""
+    probs = _check_codes(name, desc, src, field_prefix)
+    for prm in desc.params():
+        f = f"{field_prefix}{prm.role}"
+        gi = prm.blocks.index
+        if gi is not None:
+            g = np.asarray(src.array(gi.tensor)).astype(np.int64)
+            bad = (g < 0) | (g >= gi.count)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                probs.append(error("GROUP_INDEX_RANGE", f"{int(bad.sum())} group indices are outside 0..{gi.count - 1} (first at {i}: {int(g[i])})", tensor=name, field=f"{f}.blocks.index.tensor"))
+        if prm.tensor is not None:
+            info = src.info(prm.tensor)
+            arr = src.array(prm.tensor).reshape(-1)
+            step = max(1, SCAN_BYTES // max(1, arr.dtype.itemsize))
+            seen: set[str] = set()
+            for i in range(0, arr.size, step):
+                for pr in _check_values(name, desc, prm, np.asarray(arr[i : i + step]), f"{f}.tensor", info.dtype in INT_PARAM_DTYPES):
+                    if pr.code not in seen:
+                        seen.add(pr.code)
+                        probs.append(pr)
+        else:
+            enc = prm.encoded
+            assert enc is not None
+            sub = check_payload(name, enc, src, f"{f}.encoded.")
+            probs.extend(sub)
+            if not sub:
+                try:
+                    vals = decode(enc, src, None, tensor=name)
+                except QFormatError as e:
+                    probs.append(e)
+                    continue
+                probs.extend(_check_values(name, desc, prm, vals, f"{f}.encoded", False))
+    return probs
+
+
+# -- files, folders, indexes ---------------------------------------------------------------
+def check_file(path: str, payload: bool = True) -> FileReport:
+    """Check one safetensors file."""
+    rep = FileReport(path)
+    try:
+        header = read_header(path)
+        src = FileSource(path, header)
+    except QFormatError as e:
+        rep.problems.append(_problem(e, path))
+        return rep
+    model = interpret(header, src)
+    rep.plain = len(model.plain)
+    rep.quantized = len(model.raw)
+    for e in model.problems():
+        rep.problems.append(_problem(e, path))
+    if payload and not model.file_problems:
+        for name, desc in sorted(model.descriptors.items()):
+            try:
+                for e in check_payload(name, desc, src):
+                    rep.problems.append(_problem(e, path))
+            except QFormatError as e:
+                rep.problems.append(_problem(e, path))
+    return rep
+
+
+def _read_index(path: str) -> tuple[dict[str, str] | None, list[Problem]]:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(64 << 20)
+    except OSError as e:
+        return None, [Problem("FILE_UNREADABLE", path, None, None, f"cannot read {path!r}: {e.strerror or e}")]
+    try:
+        obj, end = strict_json(raw.decode("utf-8"))
+    except (_Dup, ValueError, UnicodeDecodeError, RecursionError) as e:
+        msg = f"key {e.key!r} appears twice" if isinstance(e, _Dup) else str(e)
+        return None, [Problem("INDEX_INVALID", path, None, None, f"the index is not valid JSON: {msg}"[:300])]
+    wm = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        return None, [Problem("INDEX_INVALID", path, None, "weight_map", "expected an object 'weight_map' mapping tensor names to shard file names")]
+    return wm, []
+
+
+def check_index(path: str, payload: bool = True) -> tuple[list[FileReport], list[Problem]]:
+    """Check a sharded checkpoint through its ``*.safetensors.index.json``."""
+    wm, probs = _read_index(path)
+    if wm is None:
+        return [], probs
+    folder = os.path.dirname(os.path.abspath(path))
+    shards = sorted(set(wm.values()))
+    reports = []
+    for shard in shards:
+        if os.path.isabs(shard) or os.path.normpath(shard).startswith("..") or os.sep in os.path.normpath(shard) or (os.altsep and os.altsep in shard):
+            probs.append(Problem("INDEX_INVALID", path, None, "weight_map", f"shard name {shard!r} must be a file name inside the index's folder"))
+            continue
+        sp = os.path.join(folder, shard)
+        if not os.path.isfile(sp):
+            probs.append(Problem("INDEX_INVALID", path, None, "weight_map", f"shard {shard!r} listed in the index does not exist"))
+            continue
+        rep = check_file(sp, payload)
+        reports.append(rep)
+        try:
+            header = read_header(sp)
+            model = interpret(header, FileSource(sp, header))
+        except QFormatError:
+            continue
+        visible = set(header.entries) | set(model.raw)
+        listed = {n for n, s in wm.items() if s == shard}
+        for n in sorted(listed - visible):
+            probs.append(Problem("INDEX_MISMATCH", path, n, "weight_map", f"the index places {n!r} in {shard!r}, which has no such tensor"))
+        for n in sorted(set(header.entries) - listed):
+            probs.append(Problem("INDEX_MISMATCH", path, n, "weight_map", f"shard {shard!r} holds {n!r}, which the index does not list for it"))
+    return reports, probs
+
+
+def check(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], payload: bool = True) -> Report:
+    """Check files, folders (every ``*.safetensors`` inside, and any index) or index files.
+
+    Returns a :class:`Report`; ``report.ok`` is true when there is no problem at all.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    report = Report()
+    for p in paths:
+        p = os.fspath(p)
+        if os.path.isdir(p):
+            names = sorted(os.listdir(p))
+            indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
+            covered: set[str] = set()
+            for n in indexes:
+                files, probs = check_index(os.path.join(p, n), payload)
+                report.files.extend(files)
+                report.problems.extend(probs)
+                covered.update(os.path.basename(f.path) for f in files)
+            for n in names:
+                if n.endswith(".safetensors") and n not in covered:
+                    report.files.append(check_file(os.path.join(p, n), payload))
+            if not indexes and not any(n.endswith(".safetensors") for n in names):
+                report.problems.append(Problem("FILE_UNREADABLE", p, None, None, f"folder {p!r} holds no .safetensors file"))
+        elif p.endswith(".json"):
+            files, probs = check_index(p, payload)
+            report.files.extend(files)
+            report.problems.extend(probs)
+        else:
+            report.files.append(check_file(p, payload))
+    for f in report.files:
+        report.problems.extend(f.problems)
+    return report
+
+
+def report_json(report: Report) -> str:
+    return json.dumps(report.to_dict(), indent=2)

@@ -1,0 +1,270 @@
+"""The strict safetensors container: reading and validating the header, writing atomically.
+
+qformat accepts exactly the files safetensors defines, and refuses the ones safetensors itself
+lets through against its own documentation (SPEC.md, "Container"): leading whitespace,
+duplicate keys, extra fields in a tensor entry.  Nothing is allocated from a size the header
+claims before that size has been checked against the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Iterable, Mapping
+
+import numpy as np
+
+from . import dtypes as _dt
+from . import tables
+from .errors import QFormatError, error
+
+MAX_JSON_DEPTH = 64
+_U64 = 1 << 64
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of the container: dtype name, shape, byte range in the data buffer."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True)
+class Header:
+    metadata: dict[str, str] | None
+    entries: dict[str, Entry]
+    data_start: int
+    file_size: int
+
+
+def _mal(code: str, msg: str, tensor: str | None = None) -> QFormatError:
+    return error(code, msg, tensor=tensor)
+
+
+def json_depth_ok(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when brackets outside strings nest at most ``limit`` deep (guards the parser)."""
+    depth = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
+class _Dup(Exception):
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Dup(k)
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_no_constant)
+
+
+def strict_json(text: str) -> tuple[Any, int]:
+    """Parse one JSON value from the start of ``text``; returns (value, end index).
+
+    Raises _Dup for a repeated key and ValueError for anything else that is not JSON.
+    """
+    if not json_depth_ok(text):
+        raise ValueError(f"nesting deeper than {MAX_JSON_DEPTH}")
+    return _DECODER.raw_decode(text)
+
+
+def parse_header(f: BinaryIO, file_size: int) -> Header:
+    """Read and validate the header of an open safetensors file."""
+    if file_size < 8:
+        raise _mal("HEADER_TOO_SMALL", f"expected at least 8 bytes, the file has {file_size}")
+    f.seek(0)
+    (n,) = struct.unpack("<Q", f.read(8))
+    max_n = tables.limits()["max_header_bytes"]
+    if n > max_n:
+        raise _mal("HEADER_TOO_LARGE", f"header length {n} exceeds the limit {max_n}")
+    if n == 0 or 8 + n > file_size:
+        raise _mal("HEADER_LENGTH_INVALID", f"header length {n} does not fit a file of {file_size} bytes")
+    raw = f.read(n)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _mal("HEADER_NOT_UTF8", f"header byte {e.start} is not valid UTF-8") from None
+    if not text.startswith("{"):
+        raise _mal("HEADER_LEADING_WHITESPACE" if text[:1].isspace() else "HEADER_INVALID_JSON",
+                   f"the header must begin with '{{', found {text[:1]!r}")
+    try:
+        obj, end = strict_json(text)
+    except _Dup as d:
+        raise _mal("HEADER_DUPLICATE_KEY", f"key {d.key!r} appears twice in one JSON object") from None
+    except (ValueError, RecursionError) as e:
+        raise _mal("HEADER_INVALID_JSON", f"the header is not valid JSON: {e}") from None
+    rest = text[end:]
+    if rest.strip(" "):
+        bad = rest.lstrip(" ")[:1]
+        raise _mal("HEADER_INVALID_JSON", f"only space (0x20) padding may follow the header object, found {bad!r} at byte {8 + len(text[:end].encode()) + (len(rest) - len(rest.lstrip(' ')))}")
+    if not isinstance(obj, dict):
+        raise _mal("HEADER_INVALID_JSON", f"the header must be a JSON object, found {type(obj).__name__}")
+
+    metadata = None
+    entries: dict[str, Entry] = {}
+    known = tables.dtypes()
+    for name, ent in obj.items():
+        if name == "__metadata__":
+            if not isinstance(ent, dict) or not all(isinstance(v, str) for v in ent.values()):
+                raise _mal("METADATA_INVALID", "__metadata__ must be an object whose values are all strings")
+            metadata = ent
+            continue
+        if name == "":
+            raise _mal("TENSOR_NAME_INVALID", "a tensor name is empty")
+        if not isinstance(ent, dict) or set(ent) != {"dtype", "shape", "data_offsets"}:
+            found = sorted(ent) if isinstance(ent, dict) else type(ent).__name__
+            raise _mal("TENSOR_ENTRY_INVALID", f"expected exactly the fields ['data_offsets', 'dtype', 'shape'], found {found}", name)
+        dt, shape, offs = ent["dtype"], ent["shape"], ent["data_offsets"]
+        if not isinstance(dt, str):
+            raise _mal("TENSOR_ENTRY_INVALID", f"dtype must be a string, found {dt!r}", name)
+        if dt not in known:
+            raise _mal("DTYPE_UNKNOWN", f"dtype {dt!r} is not a safetensors dtype", name)
+        if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+            raise _mal("TENSOR_ENTRY_INVALID", f"shape must be a list of non-negative integers, found {shape!r}"[:300], name)
+        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
+            raise _mal("TENSOR_ENTRY_INVALID", f"data_offsets must be two non-negative integers, found {offs!r}"[:300], name)
+        if len(shape) > tables.limits()["max_rank"]:
+            raise _mal("TENSOR_ENTRY_INVALID", f"rank must be at most {tables.limits()['max_rank']}, found {len(shape)}", name)
+        numel = 1
+        for s in shape:
+            numel *= s
+            if numel >= _U64:
+                raise _mal("SIZE_OVERFLOW", f"element count of shape {shape} overflows 64 bits", name)
+        nbits = numel * known[dt]["bits"]
+        if nbits >= _U64:
+            raise _mal("SIZE_OVERFLOW", f"bit size of shape {shape} with dtype {dt} overflows 64 bits", name)
+        if nbits % 8:
+            raise _mal("SUB_BYTE_MISALIGNED", f"{numel} elements of {dt} fill {nbits} bits, not a whole number of bytes", name)
+        b, e = offs
+        if e < b:
+            raise _mal("OFFSETS_INVALID", f"data_offsets [{b}, {e}] end before they begin", name)
+        if e - b != nbits // 8:
+            raise _mal("TENSOR_SIZE_MISMATCH", f"shape {shape} of {dt} needs {nbits // 8} bytes, data_offsets span {e - b}", name)
+        entries[name] = Entry(name, dt, tuple(shape), b, e)
+
+    pos = 0
+    for ent in sorted(entries.values(), key=lambda x: (x.begin, x.end)):
+        if ent.begin != pos:
+            what = "overlaps the previous tensor" if ent.begin < pos else f"leaves a hole of {ent.begin - pos} bytes"
+            raise _mal("OFFSETS_INVALID", f"data_offsets begin at {ent.begin}, expected {pos}: the tensor {what}", ent.name)
+        pos = ent.end
+    data_start = 8 + n
+    if data_start + pos > file_size:
+        raise _mal("DATA_TRUNCATED", f"tensor data needs {pos} bytes after the header, the file has {file_size - data_start}")
+    if data_start + pos < file_size:
+        raise _mal("TRAILING_BYTES", f"{file_size - data_start - pos} bytes follow the last tensor's data")
+    return Header(metadata, entries, data_start, file_size)
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """Open ``path`` and validate its header (FILE_UNREADABLE when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            return parse_header(f, size)
+    except OSError as e:
+        raise error("FILE_UNREADABLE", f"cannot read {os.fspath(path)!r}: {e.strerror or e}") from None
+
+
+# -- writing -------------------------------------------------------------------------------
+def _alignment(dtype: str) -> int:
+    return max(1, _dt.storage_bits(dtype) // 8)
+
+
+def write_file(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None) -> None:
+    """Write ``arrays`` (already in storage dtypes) and ``metadata`` atomically to ``path``.
+
+    The data goes to a temporary file in the destination folder, is flushed to disk, then
+    renamed over ``path``: an interrupted write leaves ``path`` as it was.
+    """
+    items = []
+    for name, a in arrays.items():
+        st = _dt.storage_name(a.dtype)
+        if st is None:
+            raise error("SAVE_INVALID", f"array dtype {a.dtype} has no safetensors dtype", tensor=name)
+        items.append((name, st, np.ascontiguousarray(a)))
+    # Widest dtype first, then by name: every tensor starts aligned to its own width.
+    items.sort(key=lambda t: (-_alignment(t[1]), t[0]))
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    off = 0
+    for name, st, a in items:
+        header[name] = {"dtype": st, "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+    hb = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    hb += b" " * (-len(hb) % 8)
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".qformat-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(hb)))
+            f.write(hb)
+            for _, _, a in items:
+                _write_array(f, a)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write_array(f: BinaryIO, a: np.ndarray) -> None:
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    flat = a.reshape(-1)
+    step = max(1, (16 << 20) // max(1, a.dtype.itemsize))
+    for i in range(0, flat.size, step):
+        f.write(flat[i : i + step].tobytes())
+
+
+def names_sorted(entries: Iterable[Entry]) -> list[str]:
+    return [e.name for e in sorted(entries, key=lambda e: e.begin)]
+
+
+def numel(shape: Iterable[int]) -> int:
+    return math.prod(shape)

@@ -1,0 +1,157 @@
+"""The qformat view of an opened file: version, descriptors, component claims, plain tensors.
+
+:func:`interpret` turns a validated container header plus a component source into a
+:class:`FileModel`.  Problems that make the whole file unreadable (unknown major version, an
+unknown must-understand file extension, a broken qformat object) are collected in
+``file_problems``; problems confined to one logical tensor are in ``tensor_problems`` so that
+the rest of the file still reads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import tables
+from .container import Header, _Dup, strict_json
+from .descriptor import EXTENSION_NAME, KNOWN_EXTENSIONS, Descriptor, depth_of, schema_messages, validate_descriptor
+from .errors import QFormatError, error
+from .sources import Source
+
+METADATA_KEY = "qformat"
+READER_VERSION = (1, 0)
+VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})$")
+_SUB_BYTE = {"F4", "F6_E2M3", "F6_E3M2"}
+
+
+@dataclass
+class FileModel:
+    version: str | None = None
+    descriptors: dict[str, Descriptor] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+    plain: list[str] = field(default_factory=list)
+    components: dict[str, str] = field(default_factory=dict)  # component -> logical owner
+    file_problems: list[QFormatError] = field(default_factory=list)
+    tensor_problems: dict[str, list[QFormatError]] = field(default_factory=dict)
+
+    def problems(self) -> list[QFormatError]:
+        out = list(self.file_problems)
+        for probs in self.tensor_problems.values():
+            out.extend(probs)
+        return out
+
+    def logical_names(self) -> list[str]:
+        """Names a reader returns: plain tensors and logical tensors, sorted."""
+        return sorted(set(self.plain) | set(self.raw))
+
+
+def parse_version(v: Any) -> tuple[int, int] | QFormatError:
+    if not isinstance(v, str) or not VERSION_RE.match(v):
+        return error("VERSION_INVALID", f"expected a string MAJOR.MINOR such as \"1.0\", found {v!r}"[:200], field="version")
+    major, minor = (int(x) for x in v.split("."))
+    if major != READER_VERSION[0]:
+        return error("VERSION_UNSUPPORTED", f"this reader implements major version {READER_VERSION[0]}, the file declares {v}", field="version")
+    return major, minor
+
+
+def interpret(header: Header, src: Source) -> FileModel:
+    """Build the qformat view of a file whose container is already valid."""
+    m = FileModel()
+    meta = header.metadata or {}
+    text = meta.get(METADATA_KEY)
+    if text is None:
+        m.plain = sorted(header.entries)
+        _plain_dtype_problems(m, header)
+        return m
+    limit = tables.limits()["max_qformat_json_bytes"]
+    if len(text.encode("utf-8")) > limit:
+        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"the qformat metadata value is larger than {limit} bytes"))
+        return m
+    try:
+        obj, end = strict_json(text)
+        if text[end:].strip():
+            raise ValueError("text follows the JSON object")
+    except _Dup as d:
+        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"key {d.key!r} appears twice in one object"))
+        return m
+    except (ValueError, RecursionError) as e:
+        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"the qformat metadata value is not JSON: {e}"[:300]))
+        return m
+    if not isinstance(obj, dict):
+        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"expected a JSON object, found {type(obj).__name__}"))
+        return m
+    if "version" not in obj:
+        m.file_problems.append(error("VERSION_MISSING", "the qformat object has no 'version'", field="version"))
+        return m
+    ver = parse_version(obj["version"])
+    if isinstance(ver, QFormatError):
+        m.file_problems.append(ver)
+        return m
+    m.version = obj["version"]
+    newer = ver[1] > READER_VERSION[1]
+
+    top = {k: (v if k != "tensors" else {}) for k, v in obj.items()}
+    msgs = schema_messages(top)
+    if msgs or not isinstance(obj.get("tensors"), dict):
+        code = "FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION"
+        m.file_problems.append(error(code, "; ".join(msgs) or "'tensors' must be an object"))
+        return m
+    for ext in obj.get("extensions", []):
+        name = ext["name"]
+        if not EXTENSION_NAME.match(name):
+            m.file_problems.append(error("EXTENSION_NAME_INVALID", f"expected a dotted lower-case namespaced name, found {name!r}", field="extensions"))
+        elif name not in KNOWN_EXTENSIONS and ext.get("must_understand", True):
+            m.file_problems.append(error("EXTENSION_UNKNOWN", f"file extension {name!r} is must_understand and this reader does not implement it", field="extensions"))
+    if m.file_problems:
+        return m
+
+    claims: dict[str, list[str]] = {}
+    for name, raw in obj["tensors"].items():
+        m.raw[name] = raw
+        probs: list[QFormatError] = []
+        msgs = schema_messages(raw, "descriptor") if isinstance(raw, dict) and depth_of(raw) <= tables.limits()["max_nesting_depth"] else []
+        if isinstance(raw, dict) and depth_of(raw) > tables.limits()["max_nesting_depth"]:
+            probs.append(error("DEPTH_EXCEEDED", f"encoded parameters nest {depth_of(raw)} deep, the limit is {tables.limits()['max_nesting_depth']}", tensor=name))
+        elif not isinstance(raw, dict) or msgs:
+            code = "FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION"
+            probs.append(error(code, "; ".join(msgs[:5]) or "a descriptor must be an object", tensor=name))
+        else:
+            desc = Descriptor.from_dict(raw)
+            for _, comp in desc.references():
+                claims.setdefault(comp, []).append(name)
+            probs.extend(validate_descriptor(name, desc, src))
+            if not probs:
+                m.descriptors[name] = desc
+        if probs:
+            m.tensor_problems[name] = probs
+
+    for comp, owners in claims.items():
+        if len(owners) > 1:
+            for owner in sorted(set(owners))[:]:
+                m.tensor_problems.setdefault(owner, []).append(
+                    error("COMPONENT_CLAIMED_TWICE", f"component {comp!r} is referenced {len(owners)} times (by {sorted(owners)})", tensor=owner))
+                m.descriptors.pop(owner, None)
+        m.components[comp] = owners[0]
+    for name in m.raw:
+        owner = m.components.get(name)
+        if name in header.entries and owner is None and name not in m.tensor_problems:
+            m.tensor_problems.setdefault(name, []).append(
+                error("NAME_CONFLICT", f"logical tensor {name!r} has the name of a plain tensor in the file", tensor=name))
+            m.descriptors.pop(name, None)
+        elif owner is not None and owner != name:
+            m.tensor_problems.setdefault(name, []).append(
+                error("NAME_CONFLICT", f"logical tensor {name!r} has the name of a component of {owner!r}", tensor=name))
+            m.descriptors.pop(name, None)
+    m.plain = sorted(n for n in header.entries if n not in m.components and n not in m.raw)
+    _plain_dtype_problems(m, header)
+    return m
+
+
+def _plain_dtype_problems(m: FileModel, header: Header) -> None:
+    for n in m.plain:
+        if header.entries[n].dtype in _SUB_BYTE:
+            m.tensor_problems.setdefault(n, []).append(error(
+                "PLAIN_DTYPE_UNSUPPORTED",
+                f"plain tensor of dtype {header.entries[n].dtype}: safetensors does not specify how its sub-byte values are packed; describe it with a qformat descriptor",
+                tensor=n))

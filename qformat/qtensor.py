@@ -1,0 +1,95 @@
+"""QTensor: a quantized tensor held in memory as its descriptor plus component arrays."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from . import dtypes as _dt
+
+
+class QTensor:
+    """A logical tensor stored as packed components.
+
+    ``descriptor`` is the JSON-serialisable descriptor (SPEC.md, "Descriptor"); the tensor names
+    it references are keys of ``components``, whose values are NumPy arrays in their storage
+    dtypes.  ``shape`` and ``dtype`` are the logical ones: what :meth:`dequantize` returns.
+    """
+
+    __slots__ = ("_descriptor", "_components")
+
+    def __init__(self, descriptor: Mapping[str, Any], components: Mapping[str, np.ndarray]):
+        self._descriptor = json.loads(json.dumps(descriptor))  # a private, plain-JSON copy
+        self._components = {str(k): np.asarray(v) for k, v in components.items()}
+
+    @property
+    def descriptor(self) -> dict[str, Any]:
+        return copy.deepcopy(self._descriptor)
+
+    @property
+    def components(self) -> dict[str, np.ndarray]:
+        return dict(self._components)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self._descriptor["shape"])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return _dt.logical_numpy(self._descriptor["dtype"])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all components together (the stored size)."""
+        return int(sum(a.nbytes for a in self._components.values()))
+
+    def dequantize(self) -> np.ndarray:
+        """Decode to a NumPy array of the logical shape and dtype (bit-exact reference)."""
+        from .decode import decode_full
+        from .descriptor import Descriptor, validate_descriptor
+        from .sources import ArraySource
+
+        src = ArraySource(self._components)
+        desc = Descriptor.from_dict(self._descriptor)
+        problems = validate_descriptor("<qtensor>", desc, src)
+        if problems:
+            raise problems[0]
+        return decode_full(desc, src, tensor="<qtensor>")
+
+    def renamed(self, fn: Callable[[str], str]) -> "QTensor":
+        """A copy whose component names are mapped through ``fn`` (descriptor updated too)."""
+        desc = rename_references(self._descriptor, fn)
+        return QTensor(desc, {fn(k): v for k, v in self._components.items()})
+
+    def __repr__(self) -> str:
+        scheme = self._descriptor.get("scheme", "?")
+        return f"QTensor(shape={self.shape}, dtype={self.dtype.name}, scheme={scheme}, nbytes={self.nbytes})"
+
+
+def rename_references(desc: Mapping[str, Any], fn: Callable[[str], str]) -> dict[str, Any]:
+    """Return a copy of a descriptor with every referenced tensor name mapped through ``fn``."""
+    out = copy.deepcopy(dict(desc))
+
+    def walk(d: dict[str, Any]) -> None:
+        codes = d["codes"]
+        codes["tensor"] = fn(codes["tensor"])
+        el = codes["element"]
+        if "table_tensor" in el:
+            el["table_tensor"] = fn(el["table_tensor"])
+        for role in ("zero", "scale", "bias"):
+            p = d.get(role)
+            if p is None:
+                continue
+            idx = p["blocks"].get("index")
+            if idx is not None:
+                idx["tensor"] = fn(idx["tensor"])
+            if "tensor" in p:
+                p["tensor"] = fn(p["tensor"])
+            else:
+                walk(p["encoded"])
+
+    walk(out)
+    return out
