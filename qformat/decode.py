@@ -155,6 +155,8 @@ def decode_region(desc: Descriptor, src: Source, region: Region, depth: int = 0,
         bad = int(codes.max())
         raise error("CODE_OUT_OF_RANGE", f"code {bad} is past the end of a {valid}-entry codebook", tensor=tensor, field="codes.tensor")
     x = table[codes]
+    if not isinstance(x, np.ndarray):  # rank 0: indexing gave a scalar
+        x = np.array(x, dtype=np.float32)
     with np.errstate(all="ignore"):
         for prm in desc.params():
             v = param_values(prm, desc, src, region, depth)

@@ -195,7 +195,7 @@ def unpack_rows(words: np.ndarray, bits: int, p: Packing, length: int) -> np.nda
     raw = words[..., :w]
     if p.bit_order == "msb_first":
         raw = raw.astype(raw.dtype.newbyteorder(">"))  # big-endian bytes = MSB-first stream
-    by = np.ascontiguousarray(raw).view(np.uint8).reshape(lead + (-1,))
+    by = np.ascontiguousarray(raw).view(np.uint8).reshape(lead + (w * p.container // 8,))
     ngroups = -(-length // k)
     need = ngroups * gb
     if by.shape[-1] < need:

@@ -1,0 +1,237 @@
+"""Helpers shared by the encoders: parameter checks, block geometry, exact rounding, packing.
+
+Every encoder works in float64 on the input values and reproduces the decoder's binary32
+arithmetic exactly (one rounding per step) wherever it compares candidates, so the codes it
+picks are the best ones *for the values a reader will actually decode*.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import dtypes as _dt
+from .. import tables
+from ..errors import error
+from ..packing import Packing, pack_rows
+
+_MISSING = object()
+#: Smallest positive binary32 (a subnormal); the floor of every scale that must not be zero.
+F32_TINY = float(np.float32(2.0**-149))
+
+
+# -- parameter checks (ENCODE_PARAM_INVALID names the parameter, what was expected, what was found)
+def bad_param(name: str, expected: str, found: Any) -> Exception:
+    return error("ENCODE_PARAM_INVALID", f"parameter {name!r}: expected {expected}, found {found!r}", field=name)
+
+
+def check_int(name: str, value: Any, lo: int, hi: int | None = None, allow_none: bool = False) -> int | None:
+    """An integer in [lo, hi] (bool is not an integer here), or None when allowed."""
+    if value is None and allow_none:
+        return None
+    rng = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+    if allow_none:
+        rng += " or None"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise bad_param(name, rng, value)
+    v = int(value)
+    if v < lo or (hi is not None and v > hi):
+        raise bad_param(name, rng, value)
+    return v
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise bad_param(name, "True or False", value)
+    return bool(value)
+
+
+def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    """One of ``choices``; a NumPy dtype whose name is a choice is accepted too."""
+    v = value
+    if not isinstance(v, str):
+        try:
+            v = np.dtype(v).name
+        except TypeError:
+            raise bad_param(name, "one of " + ", ".join(map(repr, choices)), value) from None
+    if v not in choices:
+        raise bad_param(name, "one of " + ", ".join(map(repr, choices)), value)
+    return v
+
+
+def check_axis(name: str, value: Any, rank: int) -> int | None:
+    """A valid axis of a rank-``rank`` array, normalised; None for rank 0 (which has no axis)."""
+    if rank == 0:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in (-1, 0):
+            raise bad_param(name, "-1 or 0 for a rank-0 array", value)
+        return None
+    v = check_int(name, value, -rank, rank - 1)
+    assert v is not None
+    return v % rank
+
+
+# -- dtypes -----------------------------------------------------------------------------------
+def np_dtype(name: str) -> np.dtype:
+    """NumPy dtype of a logical / scale dtype name (bfloat16 through ml_dtypes)."""
+    return _dt.logical_numpy(name)
+
+
+def to_output(v32: np.ndarray, dtype: str) -> np.ndarray:
+    """Binary32 values cast to the logical dtype as the decoder does, back as float64."""
+    with np.errstate(over="ignore"):
+        return np.asarray(v32, np.float32).astype(np_dtype(dtype)).astype(np.float64)
+
+
+def f32(v: Any) -> np.ndarray:
+    """Round to binary32 (RNE), as float64 values (float64 keeps later products exact)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(v, np.float64).astype(np.float32).astype(np.float64)
+
+
+def fit_scale(amax: np.ndarray, top: float) -> np.ndarray:
+    """Binary32 scales s with amax / s <= top (nothing clips) and top * s finite.
+
+    s = fp32(amax / top), one ulp up where rounding went down; amax 0 gives 1 (any scale
+    decodes zeros exactly).  The ulp matters only for subnormal scales, where rounding down
+    would clip by a large factor.
+    """
+    amax = np.asarray(amax, np.float64)
+    with np.errstate(over="ignore"):
+        s = np.asarray(amax / top, np.float64).astype(np.float32)
+        up = np.nextafter(s, np.float32(np.inf))
+        s = np.where((s.astype(np.float64) * top < amax) & np.isfinite(up * np.float32(top)), up, s)
+        s = np.where(np.isfinite(s * np.float32(top)), s, np.nextafter(s, np.float32(0)))
+    return np.where(amax > 0, s, np.float32(1)).astype(np.float64)
+
+
+# -- blocks -----------------------------------------------------------------------------------
+def resolve_sizes(shape: Sequence[int], sizes: Sequence[int | None]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(cell extent per axis, grid shape) of a grid with ``sizes`` (None = whole axis)."""
+    ext, grid = [], []
+    for n, s in zip(shape, sizes):
+        if s is None:
+            ext.append(max(int(n), 1))
+            grid.append(1)
+        else:
+            ext.append(int(s))
+            grid.append(-(-int(n) // int(s)))
+    return tuple(ext), tuple(grid)
+
+
+def cells(x: np.ndarray, sizes: Sequence[int | None]) -> np.ndarray:
+    """``x`` zero-padded to whole cells and viewed as [G0, s0, G1, s1, ...].
+
+    Zero padding is neutral for every statistic the encoders take (max |x|, sums of squared
+    error, since zero is exactly representable by every scheme here).
+    """
+    ext, grid = resolve_sizes(x.shape, sizes)
+    pad = [(0, g * e - n) for n, e, g in zip(x.shape, ext, grid)]
+    xp = np.pad(x, pad) if any(p[1] for p in pad) else x
+    inter = [d for g, e in zip(grid, ext) for d in (g, e)]
+    return xp.reshape(inter)
+
+
+def uncells(v: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Inverse of :func:`cells` (drops the padding)."""
+    r = len(shape)
+    full = tuple(v.shape[2 * a] * v.shape[2 * a + 1] for a in range(r))
+    return v.reshape(full)[tuple(slice(0, int(n)) for n in shape)]
+
+
+def cell_axes(rank: int) -> tuple[int, ...]:
+    return tuple(range(1, 2 * rank, 2))
+
+
+def cell_amax(xc: np.ndarray) -> np.ndarray:
+    """max |x| per cell, keepdims (shape [G0, 1, G1, 1, ...])."""
+    r = xc.ndim // 2
+    return np.max(np.abs(xc), axis=cell_axes(r), keepdims=True, initial=0.0)
+
+
+def grid_array(v: np.ndarray) -> np.ndarray:
+    """A keepdims per-cell array [G0, 1, G1, 1, ...] as the grid-shaped array [G0, G1, ...]."""
+    return v.reshape(v.shape[0::2])
+
+
+def grid_blocks(sizes: Sequence[int | None]) -> dict[str, Any]:
+    return {"type": "grid", "size": [None if s is None else int(s) for s in sizes]}
+
+
+def flat_cells(x: np.ndarray, block: int) -> np.ndarray:
+    """The row-major flattened ``x``, zero-padded, as [nblocks, block]."""
+    flat = x.reshape(-1)
+    nb = -(-flat.size // block)
+    if nb * block != flat.size:
+        flat = np.concatenate([flat, np.zeros(nb * block - flat.size, flat.dtype)])
+    return flat.reshape(nb, block)
+
+
+def unflat(v: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    n = math.prod(shape)
+    return v.reshape(-1)[:n].reshape(tuple(shape))
+
+
+# -- float mini-formats (table driven; exact in float64) --------------------------------------
+def float_spec(fmt: str) -> tuple[int, int, int, float]:
+    """(exponent bits, mantissa bits, bias, max finite) of a float element format."""
+    e = tables.float_formats()[fmt]
+    return int(e["exponent_bits"]), int(e["mantissa_bits"]), int(e["bias"]), float(e["max"])
+
+
+def emax(fmt: str) -> int:
+    """Exponent of the largest binade of a float format: floor(log2(max))."""
+    return int(np.frexp(float_spec(fmt)[3])[1]) - 1
+
+
+def round_float(y: np.ndarray, fmt: str) -> np.ndarray:
+    """Values of ``y`` rounded to ``fmt`` with saturation: clip to +-max, then round half to even.
+
+    Done by hand in float64 (every step exact) rather than through a framework cast, so the
+    result does not depend on how ml_dtypes converts float64 (tests compare the two).
+    """
+    _, m, bias, fmax = float_spec(fmt)
+    y = np.clip(np.asarray(y, np.float64), -fmax, fmax)
+    e = np.maximum(np.frexp(y)[1] - 1, 1 - bias)  # binade of y, subnormals share the lowest
+    return np.ldexp(np.rint(np.ldexp(y, m - e)), e - m)
+
+
+def float_codes(r: np.ndarray, fmt: str) -> np.ndarray:
+    """Bit patterns (uint8) of values already representable in ``fmt`` (sign kept, -0 too)."""
+    ne, m, bias, _ = float_spec(fmt)
+    a = np.abs(r)
+    normal = a >= 2.0 ** (1 - bias)
+    e = np.frexp(a)[1] - 1
+    ex = np.where(normal, e + bias, 0)
+    man = np.where(normal, np.ldexp(a, m - e) - 2**m, np.ldexp(a, m - (1 - bias)))
+    code = (np.signbit(r).astype(np.int64) << (ne + m)) | (ex.astype(np.int64) << m) | np.rint(man).astype(np.int64)
+    return code.astype(np.uint8)
+
+
+# -- codes ------------------------------------------------------------------------------------
+def packing(rank: int) -> dict[str, Any]:
+    """The canonical packing every encoder writes: bytes, LSB first, rows along the last axis."""
+    return {"container": 8, "bit_order": "lsb_first", "axis": rank - 1 if rank else None}
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned codes of the logical shape packed per :func:`packing` (a U8 array)."""
+    c = np.asarray(codes, np.uint8)
+    if c.ndim == 0:
+        c = c.reshape(1)
+    return pack_rows(c, bits, Packing.from_dict(packing(c.ndim)))
+
+
+def codes_entry(tensor: str, element: dict[str, Any], rank: int) -> dict[str, Any]:
+    return {"tensor": tensor, "element": element, "packing": packing(rank)}
+
+
+def nearest_of_two(x: np.ndarray, q0: np.ndarray, q1: np.ndarray, decode) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Per element, whichever of codes q0 / q1 decodes closer to x (q0 on ties, never to Inf)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        e0 = np.abs(decode(q0) - x)
+        e1 = np.abs(decode(q1) - x)
+    e0 = np.where(np.isnan(e0), np.inf, e0)
+    e1 = np.where(np.isnan(e1), np.inf, e1)
+    return np.where(e1 < e0, q1, q0)

@@ -1,0 +1,73 @@
+"""Schemes "fp8_e4m3" and "fp8_e5m2": FP8 codes with a binary32 scale amax / max.
+
+Granularity: "tensor" (one scale), "channel" (one scale per index of every axis but ``axis``,
+i.e. per output channel of an [N, K] weight with the default axis -1) or "block" (blocks of
+``block_size`` over the trailing axes, e.g. [128, 128]; leading axes get one block per index,
+partial edge blocks allowed).  Codes are x / s rounded to nearest even with saturation, stored
+as float8 arrays so plain safetensors readers see F8_E4M3 / F8_E5M2 values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..qtensor import QTensor
+from . import register
+from ._common import (
+    bad_param, cell_amax, cells, check_axis, check_choice, check_int, codes_entry, fit_scale, float_codes, float_spec,
+    grid_array, grid_blocks, round_float, uncells,
+)
+
+_GRANULARITY = ("tensor", "channel", "block")
+_STORAGE = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+
+
+def _block_sizes(block_size: Any, rank: int) -> list[int | None]:
+    if isinstance(block_size, (int, np.integer)) and not isinstance(block_size, bool):
+        block_size = [block_size]
+    if not isinstance(block_size, (list, tuple)) or not block_size:
+        raise bad_param("block_size", "a non-empty list of positive integers, e.g. [128, 128]", block_size)
+    bs = [check_int("block_size", b, 1) for b in block_size]
+    # Blocks cover the trailing axes; a tensor with fewer axes uses the trailing sizes.
+    return [1] * max(rank - len(bs), 0) + bs[max(len(bs) - rank, 0):]
+
+
+def _encode(fmt: str, x: np.ndarray, dtype: str, granularity: Any, axis: Any, block_size: Any) -> QTensor:
+    gran = check_choice("granularity", granularity, _GRANULARITY)
+    rank = x.ndim
+    ax = check_axis("axis", axis, rank)
+    blocks = _block_sizes(block_size, rank)
+    if gran == "tensor":
+        sizes: list[int | None] = [None] * rank
+    elif gran == "channel":
+        sizes = [None if a == ax else 1 for a in range(rank)]
+    else:
+        sizes = list(blocks)
+    fmax = float_spec(fmt)[3]
+    xc = cells(x.astype(np.float64), sizes)
+    s = fit_scale(cell_amax(xc), fmax)
+    codes = float_codes(round_float(uncells(xc / s, x.shape), fmt), fmt)
+    desc = {
+        "shape": list(x.shape), "dtype": dtype,
+        "codes": codes_entry("codes", {"type": "float", "format": fmt}, rank),
+        "scale": {"blocks": grid_blocks(sizes), "op": "multiply", "tensor": "scale"},
+        "scheme": "fp8_e4m3" if fmt == "e4m3fn" else "fp8_e5m2",
+    }
+    return QTensor(desc, {"codes": codes.view(_STORAGE[fmt]), "scale": grid_array(s).astype(np.float32)})
+
+
+@register("fp8_e4m3")
+def encode_e4m3(x: np.ndarray, *, dtype: str, granularity: Any = "channel", axis: Any = -1,
+                block_size: Any = (128, 128)) -> QTensor:
+    """FP8 E4M3 codes, scale amax / 448 per tensor, channel or block."""
+    return _encode("e4m3fn", x, dtype, granularity, axis, block_size)
+
+
+@register("fp8_e5m2")
+def encode_e5m2(x: np.ndarray, *, dtype: str, granularity: Any = "channel", axis: Any = -1,
+                block_size: Any = (128, 128)) -> QTensor:
+    """FP8 E5M2 codes, scale amax / 57344 per tensor, channel or block."""
+    return _encode("e5m2", x, dtype, granularity, axis, block_size)

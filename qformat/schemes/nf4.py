@@ -1,0 +1,96 @@
+"""Scheme "nf4": the NF4 codebook with an absmax scale per block of the flattened tensor.
+
+Codes are chosen exactly as bitsandbytes' ``quantize_4bit`` does (binary32 ``x * (1/absmax)``,
+clamped to [-1, 1], then compared with the binary32 midpoints of the sorted table, a value on
+a midpoint taking the lower code), so without double quantization the codes and absmax are
+bit-identical to bitsandbytes' (only the nibble order of the packing differs).
+
+``double_quant`` stores the absmax values themselves encoded: c = absmax - mean (binary32),
+8-bit two's complement codes with a binary32 scale max|c| / 127 per 256 values, and the mean
+as a per-tensor bias.  The NF4 codes are then chosen against the absmax a reader decodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import tables
+from ..qtensor import QTensor
+from . import register
+from ._common import check_bool, check_int, codes_entry, f32, fit_scale, flat_cells, nearest_of_two, pack, to_output, unflat
+
+_NESTED_BLOCK = 256
+
+
+def _double_quant(absmax: np.ndarray) -> tuple[np.ndarray, dict[str, Any], dict[str, np.ndarray]]:
+    """Encode binary32 absmax values; returns (decoded absmax, nested descriptor, components)."""
+    n = absmax.size
+    mean = float(f32(absmax.mean())) if n else 0.0
+    c = f32(absmax - mean)
+    cc = flat_cells(c, _NESTED_BLOCK)
+    s = fit_scale(np.max(np.abs(cc), axis=1, initial=0.0), 127.0)[:, None]  # |c| / s <= 127
+    y = cc / s
+    q0 = np.clip(np.rint(y), -127, 127)
+    q1 = np.clip(q0 + np.where(y > q0, 1.0, -1.0), -127, 127)
+    q = nearest_of_two(cc, q0, q1, lambda q: f32(f32(q * s) + mean))  # the decoder's two steps
+    q = q.reshape(-1)[:n]
+    decoded = f32(f32(q * np.repeat(s[:, 0], _NESTED_BLOCK)[:n]) + mean)
+    nested = {
+        "shape": [n],
+        "dtype": "float32",
+        "codes": codes_entry("scale.codes", {"type": "int", "bits": 8, "signedness": "twos_complement"}, 1),
+        "scale": {"blocks": {"type": "grid", "size": [_NESTED_BLOCK]}, "op": "multiply", "tensor": "scale.scale"},
+        "bias": {"blocks": {"type": "grid", "size": [None]}, "op": "add", "tensor": "scale.bias"},
+    }
+    comps = {
+        "scale.codes": q.astype(np.int8),
+        "scale.scale": s[:, 0].astype(np.float32),
+        "scale.bias": np.array(mean, np.float32),
+    }
+    return decoded, nested, comps
+
+
+def _scaled(xb: np.ndarray, a: np.ndarray, tail: int) -> np.ndarray:
+    """x / absmax in binary32 exactly as bitsandbytes computes it, clamped to [-1, 1].
+
+    Whole blocks multiply by the binary32 reciprocal of max(absmax, 1e-38); a partial last
+    block divides.  A decoded absmax <= 0 (double quant of an all-zero block) keeps its sign,
+    so the codes still decode closest to x.
+    """
+    g = np.where(a >= 0, np.maximum(a, np.float32(1e-38)), np.minimum(a, np.float32(-1e-38)))[:, None]
+    with np.errstate(over="ignore"):
+        y = xb * (np.float32(1) / g)
+        if tail and len(xb):
+            y[-1] = xb[-1] / g[-1]
+    return np.clip(y, np.float32(-1), np.float32(1)).astype(np.float32)
+
+
+@register("nf4")
+def encode(x: np.ndarray, *, dtype: str, block_size: Any = 64, double_quant: Any = False) -> QTensor:
+    """NF4 codes, absmax (binary32) per ``block_size`` elements of the flattened tensor."""
+    bs = check_int("block_size", block_size, 1)
+    dq = check_bool("double_quant", double_quant)
+    assert bs is not None
+    table = tables.codebook_values("nf4")  # sorted ascending, code = index
+    bounds = ((table[:-1] + table[1:]) / np.float32(2)).astype(np.float32)
+    xb = flat_cells(x.astype(np.float32), bs)  # bitsandbytes quantizes the binary32 values
+    absmax = np.max(np.abs(xb), axis=1, initial=np.float32(0)).astype(np.float64)
+    desc: dict[str, Any] = {"shape": list(x.shape), "dtype": dtype,
+                            "codes": codes_entry("codes", {"type": "codebook", "bits": 4, "table": "nf4"}, x.ndim)}
+    if dq:
+        a, nested, comps = _double_quant(absmax)
+        desc["scale"] = {"blocks": {"type": "flat", "size": bs}, "op": "multiply", "encoded": nested}
+    else:
+        a, comps = absmax, {"scale": absmax.astype(np.float32)}
+        desc["scale"] = {"blocks": {"type": "flat", "size": bs}, "op": "multiply", "tensor": "scale"}
+    y = _scaled(xb, a.astype(np.float32), x.size % bs)
+    q = np.searchsorted(bounds, y, side="left").astype(np.int64)
+    # Never decode to Inf in the logical dtype: step such codes one towards zero (code 7).
+    with np.errstate(over="ignore"):
+        bad = ~np.isfinite(to_output(f32(table[q] * a[:, None]), dtype))
+    q = np.where(bad, q + np.sign(7 - q), q)
+    desc["scheme"] = "nf4"
+    comps["codes"] = pack(unflat(q, x.shape), 4)
+    return QTensor(desc, comps)

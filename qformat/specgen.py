@@ -1,0 +1,278 @@
+"""Generate SPEC.md's data tables from ``qformat/tables/`` (the single source of truth).
+
+SPEC.md marks each generated table with a pair of lines::
+
+    <!-- BEGIN GENERATED: errors -->
+    ...
+    <!-- END GENERATED: errors -->
+
+Everything between the two lines is owned by this module and rewritten by
+``python -m qformat.specgen``; ``python -m qformat.specgen --check`` exits 1 when SPEC.md
+differs from what the tables say (the test suite runs the same comparison).  The prose around
+the markers is hand-written and never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import struct
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from qformat import tables
+
+#: Names of the generated sections, in the order they appear in SPEC.md.
+SECTION_NAMES = ("dtypes", "float_formats", "codebooks", "layouts", "limits", "errors", "schemes")
+
+#: Default location of the specification: the repository root, next to the package.
+SPEC_PATH = Path(__file__).resolve().parent.parent / "SPEC.md"
+
+_MARKER = re.compile(r"^<!-- (BEGIN|END) GENERATED: ([A-Za-z0-9_]+) -->$", re.MULTILINE)
+
+
+# -- table rendering -----------------------------------------------------------------------
+_DUNDER = re.compile(r"(?<![`\w])(__\w+__)(?![`\w])")
+
+
+def _cell(value: Any) -> str:
+    """One markdown table cell: pipes escaped, line breaks flattened, ``__names__`` in code spans."""
+    text = str(value).replace("\r", " ").replace("\n", " ")
+    text = _DUNDER.sub(r"`\1`", text)
+    return text.replace("|", "\\|")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table (no trailing newline)."""
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |",
+             "| " + " | ".join("---" for _ in header) + " |"]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def _code(text: str) -> str:
+    return f"`{text}`"
+
+
+def _number(v: Any) -> str:
+    """A table number: integers plainly, large powers of two as 2^k, other floats by repr."""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if v.is_integer() and abs(v) < 1e15:
+            return str(int(v))
+        frac, exp = math.frexp(v)
+        if frac == 0.5:
+            return f"2^{exp - 1}"
+        return repr(v)
+    return str(v)
+
+
+def _f32(hex_bits: str) -> str:
+    """Decimal value of a binary32 bit pattern, 9 significant digits (enough to round-trip)."""
+    value = struct.unpack("<f", struct.pack("<I", int(hex_bits, 16)))[0]
+    if value == 0.0:
+        return "-0" if hex_bits.upper().startswith("8") else "0"
+    return f"{value:.9g}"
+
+
+def _render_errors() -> str:
+    rows = [(_code(code), e["category"], e["meaning"]) for code, e in tables.errors().items()]
+    return _table(("code", "category", "meaning"), rows)
+
+
+def _render_dtypes() -> str:
+    rows = []
+    for name, d in tables.dtypes().items():
+        view = d["numpy"] if d["numpy"] is not None else "(none)"
+        rows.append((_code(name), d["bits"], d["kind"], view))
+    return _table(("safetensors dtype", "bits per element", "kind", "NumPy / ml_dtypes view"), rows)
+
+
+def _render_float_formats() -> str:
+    rows = []
+    for name, f in tables.float_formats().items():
+        rows.append((
+            _code(name), f["bits"], f["exponent_bits"], f["mantissa_bits"], f["bias"],
+            _number(f["signed"]), _code(f["specials"]), _number(f["inf"]), f["nan"],
+            _number(f["max"]), _code(f["safetensors"]), f["ml_dtypes"],
+        ))
+    header = ("format", "bits b", "E", "M", "bias B", "signed", "specials", "Inf", "NaN",
+              "largest finite", "safetensors dtype", "ml_dtypes name")
+    return _table(header, rows)
+
+
+def _render_codebooks() -> str:
+    parts = []
+    for name, cb in tables.codebooks().items():
+        parts.append(f"Codebook {_code(name)} ({cb['bits']} bits, {len(cb['values_f32'])} entries): "
+                     f"{_cell(cb['description'])}")
+        parts.append("")
+        rows = [(u, _code(h.upper()), _f32(h)) for u, h in enumerate(cb["values_f32"])]
+        parts.append(_table(("code u", "table[u] as binary32 bits (hex)", "value"), rows))
+        parts.append("")
+    return "\n".join(parts).rstrip("\n")
+
+
+def _render_layouts() -> str:
+    rows = []
+    for name, lay in tables.layouts().items():
+        params = json.dumps(lay["parameters"], sort_keys=True)
+        rows.append((_code(name), lay["status"], _code(params), lay["description"]))
+    return _table(("layout name", "status", "parameters", "meaning"), rows)
+
+
+def _render_limits() -> str:
+    rows = [(_code(name), _number(lim["value"]), lim["meaning"]) for name, lim in tables.limits_table().items()]
+    return _table(("limit", "value", "meaning"), rows)
+
+
+def _render_schemes() -> str:
+    rows = []
+    for sid, s in tables.schemes().items():
+        params = ", ".join(_code(p) for p in s["parameters"])
+        rows.append((_code(sid), s["description"], params))
+    return _table(("scheme id", "what the encoder writes", "encoder parameters"), rows)
+
+
+_RENDERERS: dict[str, Callable[[], str]] = {
+    "errors": _render_errors,
+    "dtypes": _render_dtypes,
+    "float_formats": _render_float_formats,
+    "codebooks": _render_codebooks,
+    "layouts": _render_layouts,
+    "limits": _render_limits,
+    "schemes": _render_schemes,
+}
+
+
+def generated_sections() -> dict[str, str]:
+    """Render every generated section from ``qformat.tables``.
+
+    Returns a dict from section name (``errors``, ``dtypes``, ``float_formats``,
+    ``codebooks``, ``layouts``, ``limits``, ``schemes``) to its markdown text, without a
+    trailing newline.
+    """
+    return {name: _RENDERERS[name]() for name in SECTION_NAMES}
+
+
+# -- marker handling -----------------------------------------------------------------------
+def _blocks(spec_text: str) -> list[tuple[str, int, int]]:
+    """(name, content start, content end) of every marker pair; ValueError when unbalanced."""
+    out = []
+    open_name: str | None = None
+    start = 0
+    for m in _MARKER.finditer(spec_text):
+        kind, name = m.group(1), m.group(2)
+        if name not in _RENDERERS:
+            raise ValueError(f"unknown generated section {name!r}; expected one of {', '.join(SECTION_NAMES)}")
+        if kind == "BEGIN":
+            if open_name is not None:
+                raise ValueError(f"BEGIN GENERATED: {name} inside the unfinished section {open_name!r}")
+            open_name, start = name, m.end() + 1  # content starts after the marker's newline
+        else:
+            if open_name != name:
+                raise ValueError(f"END GENERATED: {name} without a matching BEGIN")
+            out.append((name, start, m.start()))
+            open_name = None
+    if open_name is not None:
+        raise ValueError(f"BEGIN GENERATED: {open_name} has no END line")
+    return out
+
+
+def extract(spec_text: str) -> dict[str, str]:
+    """The current content of each generated section of ``spec_text`` (markers excluded)."""
+    return {name: spec_text[a:b] for name, a, b in _blocks(spec_text)}
+
+
+def _content(body: str) -> str:
+    return "\n" + body.rstrip("\n") + "\n\n"
+
+
+def render(spec_text: str) -> str:
+    """Return ``spec_text`` with the content of every marker pair replaced by fresh tables.
+
+    Text outside the markers is returned unchanged.  Raises ValueError when a marker names an
+    unknown section or the markers are not properly paired.
+    """
+    sections = generated_sections()
+    pieces = []
+    pos = 0
+    for name, a, b in _blocks(spec_text):
+        pieces.append(spec_text[pos:a])
+        pieces.append(_content(sections[name]))
+        pos = b
+    pieces.append(spec_text[pos:])
+    return "".join(pieces)
+
+
+def missing_sections(spec_text: str) -> list[str]:
+    """Names of generated sections that have no marker pair in ``spec_text``."""
+    present = {name for name, _, _ in _blocks(spec_text)}
+    return [n for n in SECTION_NAMES if n not in present]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".specgen-", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: rewrite SPEC.md's generated sections, or ``--check`` that they are current.
+
+    Exit status: 0 up to date (or rewritten), 1 out of date under ``--check``, 2 when the file
+    cannot be read or its markers are broken.
+    """
+    ap = argparse.ArgumentParser(prog="python -m qformat.specgen", description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if SPEC.md is out of date; change nothing")
+    ap.add_argument("--spec", type=Path, default=SPEC_PATH, help=f"path of the spec (default {SPEC_PATH})")
+    args = ap.parse_args(argv)
+    path: Path = args.spec
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
+        new = render(text)
+        missing = missing_sections(text)
+    except (OSError, ValueError) as e:
+        print(f"specgen: {path}: {e}", file=sys.stderr)
+        return 2
+    if missing:
+        print(f"specgen: {path}: no markers for {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if args.check:
+        if new != text:
+            old, fresh = extract(text), extract(new)
+            stale = [n for n in fresh if old.get(n) != fresh[n]]
+            print(f"specgen: {path} is out of date in: {', '.join(stale)}; run python -m qformat.specgen",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        _write_atomic(path, new)
+        print(f"specgen: rewrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
