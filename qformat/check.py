@@ -163,6 +163,8 @@ def _check_values(name: str, desc: Descriptor, prm: Param, vals: np.ndarray, fie
         big = np.abs(vals.astype(np.int64)) > tables.limits()["max_int_param_magnitude"]
         if big.any():
             probs.append(error("PARAM_INT_RANGE", f"{int(big.sum())} values exceed {tables.limits()['max_int_param_magnitude']} in magnitude", tensor=name, field=field))
+        if prm.op == "divide" and (vals == 0).any():
+            probs.append(error("PARAM_DIVISOR_ZERO", f"{int((vals == 0).sum())} divisor scale values are zero", tensor=name, field=field))
         return probs
     f32 = vals.astype(np.float32)
     if not desc.allow_nonfinite_params:
@@ -246,7 +248,10 @@ def _read_index(path: str) -> tuple[dict[str, str] | None, list[Problem]]:
     except OSError as e:
         return None, [Problem("FILE_UNREADABLE", path, None, None, f"cannot read {path!r}: {e.strerror or e}")]
     try:
-        obj, end = strict_json(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        obj, end = strict_json(text)
+        if text[end:].strip(" \t\n\r"):
+            raise ValueError("text follows the JSON object")
     except (_Dup, ValueError, UnicodeDecodeError, RecursionError) as e:
         msg = f"key {e.key!r} appears twice" if isinstance(e, _Dup) else str(e)
         return None, [Problem("INDEX_INVALID", path, None, None, f"the index is not valid JSON: {msg}"[:300])]

@@ -22,7 +22,8 @@ from . import dtypes as _dt
 from . import tables
 from .errors import QFormatError, error
 
-MAX_JSON_DEPTH = 64
+MAX_JSON_DEPTH = tables.limits()["max_json_depth"]
+JSON_WHITESPACE = " \t\n\r"
 _U64 = 1 << 64
 
 
@@ -104,7 +105,13 @@ def strict_json(text: str) -> tuple[Any, int]:
     """
     if not json_depth_ok(text):
         raise ValueError(f"nesting deeper than {MAX_JSON_DEPTH}")
-    return _DECODER.raw_decode(text)
+    value, end = _DECODER.raw_decode(text)
+    try:
+        # Lone surrogate escapes (\ud800) parse in Python but are not Unicode text.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("a string holds a lone surrogate escape") from None
+    return value, end
 
 
 def parse_header(f: BinaryIO, file_size: int) -> Header:
@@ -124,7 +131,7 @@ def parse_header(f: BinaryIO, file_size: int) -> Header:
     except UnicodeDecodeError as e:
         raise _mal("HEADER_NOT_UTF8", f"header byte {e.start} is not valid UTF-8") from None
     if not text.startswith("{"):
-        raise _mal("HEADER_LEADING_WHITESPACE" if text[:1].isspace() else "HEADER_INVALID_JSON",
+        raise _mal("HEADER_LEADING_WHITESPACE" if text[:1] in JSON_WHITESPACE and text else "HEADER_INVALID_JSON",
                    f"the header must begin with '{{', found {text[:1]!r}")
     try:
         obj, end = strict_json(text)

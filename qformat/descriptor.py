@@ -34,7 +34,7 @@ _CONTAINER_DTYPES = {
 }
 PARAM_DTYPES = {"F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "I8", "U8", "I16", "U16", "I32", "U32"}
 INT_PARAM_DTYPES = {"I8", "U8", "I16", "U16", "I32", "U32"}
-INDEX_DTYPES = {"I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64"}
+INDEX_DTYPES = {"I8", "U8", "I16", "U16", "I32", "U32", "I64"}
 TABLE_DTYPES = {"F32", "F16", "BF16"}
 
 
@@ -249,6 +249,70 @@ def schema_messages(obj: Any, defn: str | None = None) -> list[str]:
 
 
 # -- semantic validation -------------------------------------------------------------------
+def extension_problems(exts: list[Extension] | tuple[Extension, ...], newer: bool, scope: str,
+                       tensor: str | None = None, field: str = "extensions") -> list[QFormatError]:
+    """Problems of one ``extensions`` list (SPEC.md, "Extensions").
+
+    ``newer`` is true when the file declares a minor version above this reader's: a
+    ``qformat.`` name the reader does not know may then be registered by that newer minor, so
+    it is treated as an unknown extension rather than an invalid name.
+    """
+    probs = []
+    seen: set[str] = set()
+    for e in exts:
+        if not EXTENSION_NAME.fullmatch(e.name):
+            probs.append(error("EXTENSION_NAME_INVALID", f"expected a dotted lower-case namespaced name such as 'org.example.feature', found {e.name!r}"[:300], tensor=tensor, field=field))
+            continue
+        if e.name in seen:
+            probs.append(error("EXTENSION_NAME_INVALID", f"extension {e.name!r} appears twice in one list", tensor=tensor, field=field))
+            continue
+        seen.add(e.name)
+        if e.name in KNOWN_EXTENSIONS:
+            continue
+        if e.name.startswith("qformat.") and not newer:
+            probs.append(error("EXTENSION_NAME_INVALID", f"{e.name!r} is in the reserved 'qformat.' namespace but the file's version registers no such extension", tensor=tensor, field=field))
+        elif e.must_understand:
+            probs.append(error("EXTENSION_UNKNOWN", f"{scope} extension {e.name!r} is must_understand and this reader does not implement it", tensor=tensor, field=field))
+    return probs
+
+
+#: Where in a descriptor a schema failure sits -> the specific code for it (first match wins).
+_SCHEMA_CODES = (
+    (("dtype",), "DTYPE_INVALID"),
+    (("shape",), "SHAPE_INVALID"),
+    (("codes", "element"), "ELEMENT_INVALID"),
+    (("codes", "packing"), "PACKING_INVALID"),
+    (("layout",), "LAYOUT_INVALID"),
+)
+
+
+def schema_code(raw: Any) -> tuple[str, list[str]]:
+    """(code, messages) for a descriptor that fails the schema of a file not newer than the reader.
+
+    A failure confined to one member that has its own code gets that code (a bad logical dtype
+    is DTYPE_INVALID, a bit width out of range ELEMENT_INVALID ...); an unknown or missing
+    member, or failures in several places, is SCHEMA_VIOLATION.
+    """
+    errs = list(_validator("descriptor").iter_errors(raw))
+    msgs = schema_messages(raw, "descriptor")
+    paths = [tuple(str(p) for p in e.absolute_path) for e in errs]
+    unknown = any(e.validator in ("additionalProperties", "required") and not e.absolute_path for e in errs)
+    codes = set()
+    for path, e in zip(paths, errs):
+        code = "SCHEMA_VIOLATION"
+        for prefix, c in _SCHEMA_CODES:
+            if path[: len(prefix)] == prefix and e.validator != "additionalProperties":
+                code = c
+                break
+        if len(path) >= 2 and path[0] in ("zero", "scale", "bias") and path[1] == "blocks" and e.validator != "additionalProperties":
+            code = "BLOCKS_INVALID"
+        codes.add(code)
+    if unknown or len(codes) != 1:
+        return "SCHEMA_VIOLATION", msgs
+    return codes.pop(), msgs
+
+
+
 def _perm_ok(order: tuple[int, ...] | None, rank: int) -> bool:
     return order is None or sorted(order) == list(range(rank))
 
@@ -267,7 +331,7 @@ def codes_shape(desc: Descriptor) -> tuple[tuple[int, ...], int, int]:
     return sshape, length, p.words_per_row(length, bits)
 
 
-def validate_descriptor(name: str, desc: Descriptor, src: Source, depth: int = 0) -> list[QFormatError]:
+def validate_descriptor(name: str, desc: Descriptor, src: Source, depth: int = 0, newer: bool = False) -> list[QFormatError]:
     """Every semantic problem of ``desc`` against the components in ``src``.
 
     Does not read payload bytes except small group-index checks are left to :mod:`qformat.check`.
@@ -282,13 +346,12 @@ def validate_descriptor(name: str, desc: Descriptor, src: Source, depth: int = 0
     if rank > lim["max_rank"]:
         add("SHAPE_INVALID", "shape", f"rank must be at most {lim['max_rank']}, found {rank}")
         return probs
+    if desc.numel >= 1 << 64:
+        add("SHAPE_INVALID", "shape", f"the element count of shape {list(desc.shape)} reaches 2^64")
+        return probs
     if desc.dtype not in LOGICAL_DTYPES:
         add("DTYPE_INVALID", "dtype", f"expected one of {', '.join(LOGICAL_DTYPES)}, found {desc.dtype!r}")
-    for e in desc.extensions:
-        if not EXTENSION_NAME.match(e.name):
-            add("EXTENSION_NAME_INVALID", "extensions", f"expected a dotted lower-case namespaced name, found {e.name!r}")
-        elif e.name not in KNOWN_EXTENSIONS and e.must_understand:
-            add("EXTENSION_UNKNOWN", "extensions", f"extension {e.name!r} is must_understand and this reader does not implement it")
+    probs.extend(extension_problems(desc.extensions, newer, "tensor", tensor=name))
     if desc.layout not in tables.layouts():
         add("LAYOUT_UNKNOWN", "layout.name", f"expected one of {sorted(tables.layouts())}, found {desc.layout!r}")
     elif desc.layout == "canonical" and desc.layout_parameters:
@@ -341,11 +404,11 @@ def validate_descriptor(name: str, desc: Descriptor, src: Source, depth: int = 0
 
     # params
     for prm in desc.params():
-        probs.extend(_validate_param(name, desc, prm, src, depth))
+        probs.extend(_validate_param(name, desc, prm, src, depth, newer))
     return probs
 
 
-def _validate_param(name: str, desc: Descriptor, prm: Param, src: Source, depth: int) -> list[QFormatError]:
+def _validate_param(name: str, desc: Descriptor, prm: Param, src: Source, depth: int, newer: bool) -> list[QFormatError]:
     probs: list[QFormatError] = []
     role = prm.role
     rank = len(desc.shape)
@@ -397,7 +460,7 @@ def _validate_param(name: str, desc: Descriptor, prm: Param, src: Source, depth:
     if enc.shape != grid:
         add("SHAPE_INVALID", f"{role}.encoded.shape", f"an encoded parameter's shape must equal its grid {list(grid)}, found {list(enc.shape)}")
         return probs
-    for p in validate_descriptor(name, enc, src, depth + 1):
+    for p in validate_descriptor(name, enc, src, depth + 1, newer):
         p.field = f"{role}.encoded.{p.field}" if p.field else f"{role}.encoded"
         probs.append(error(p.code, p.message, tensor=name, field=p.field))
     return probs

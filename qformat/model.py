@@ -15,7 +15,7 @@ from typing import Any
 
 from . import tables
 from .container import Header, _Dup, strict_json
-from .descriptor import EXTENSION_NAME, KNOWN_EXTENSIONS, Descriptor, depth_of, schema_messages, validate_descriptor
+from .descriptor import Descriptor, Extension, depth_of, extension_problems, schema_code, schema_messages, validate_descriptor
 from .errors import QFormatError, error
 from .sources import Source
 
@@ -47,7 +47,7 @@ class FileModel:
 
 
 def parse_version(v: Any) -> tuple[int, int] | QFormatError:
-    if not isinstance(v, str) or not VERSION_RE.match(v):
+    if not isinstance(v, str) or not VERSION_RE.fullmatch(v):
         return error("VERSION_INVALID", f"expected a string MAJOR.MINOR such as \"1.0\", found {v!r}"[:200], field="version")
     major, minor = (int(x) for x in v.split("."))
     if major != READER_VERSION[0]:
@@ -70,7 +70,7 @@ def interpret(header: Header, src: Source) -> FileModel:
         return m
     try:
         obj, end = strict_json(text)
-        if text[end:].strip():
+        if text[end:].strip(" \t\n\r"):
             raise ValueError("text follows the JSON object")
     except _Dup as d:
         m.file_problems.append(error("QFORMAT_JSON_INVALID", f"key {d.key!r} appears twice in one object"))
@@ -97,12 +97,8 @@ def interpret(header: Header, src: Source) -> FileModel:
         code = "FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION"
         m.file_problems.append(error(code, "; ".join(msgs) or "'tensors' must be an object"))
         return m
-    for ext in obj.get("extensions", []):
-        name = ext["name"]
-        if not EXTENSION_NAME.match(name):
-            m.file_problems.append(error("EXTENSION_NAME_INVALID", f"expected a dotted lower-case namespaced name, found {name!r}", field="extensions"))
-        elif name not in KNOWN_EXTENSIONS and ext.get("must_understand", True):
-            m.file_problems.append(error("EXTENSION_UNKNOWN", f"file extension {name!r} is must_understand and this reader does not implement it", field="extensions"))
+    exts = [Extension.from_dict(e) for e in obj.get("extensions", [])]
+    m.file_problems.extend(extension_problems(exts, newer, "file"))
     if m.file_problems:
         return m
 
@@ -110,17 +106,29 @@ def interpret(header: Header, src: Source) -> FileModel:
     for name, raw in obj["tensors"].items():
         m.raw[name] = raw
         probs: list[QFormatError] = []
-        msgs = schema_messages(raw, "descriptor") if isinstance(raw, dict) and depth_of(raw) <= tables.limits()["max_nesting_depth"] else []
-        if isinstance(raw, dict) and depth_of(raw) > tables.limits()["max_nesting_depth"]:
-            probs.append(error("DEPTH_EXCEEDED", f"encoded parameters nest {depth_of(raw)} deep, the limit is {tables.limits()['max_nesting_depth']}", tensor=name))
-        elif not isinstance(raw, dict) or msgs:
-            code = "FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION"
-            probs.append(error(code, "; ".join(msgs[:5]) or "a descriptor must be an object", tensor=name))
+        max_depth = tables.limits()["max_nesting_depth"]
+        deep = isinstance(raw, dict) and depth_of(raw) > max_depth
+        msgs = schema_messages(raw, "descriptor") if isinstance(raw, dict) and not deep else []
+        if name == "":
+            probs.append(error("SCHEMA_VIOLATION", "a logical tensor name must not be empty", tensor=name))
+        elif deep:
+            probs.append(error("DEPTH_EXCEEDED", f"encoded parameters nest {depth_of(raw)} deep, the limit is {max_depth}", tensor=name))
+        elif not isinstance(raw, dict):
+            probs.append(error("FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION", "a descriptor must be a JSON object", tensor=name))
+        elif msgs:
+            code = "FEATURE_UNSUPPORTED" if newer else schema_code(raw)[0]
+            probs.append(error(code, "; ".join(msgs[:5]), tensor=name))
         else:
             desc = Descriptor.from_dict(raw)
-            for _, comp in desc.references():
+            # A group index may serve several parameters of one tensor (GPTQ's scale and zero).
+            own = {}
+            for path, comp in desc.references():
+                is_index = path.endswith("blocks.index.tensor")
+                if comp in own and own[comp] and is_index:
+                    continue
+                own[comp] = is_index
                 claims.setdefault(comp, []).append(name)
-            probs.extend(validate_descriptor(name, desc, src))
+            probs.extend(validate_descriptor(name, desc, src, newer=newer))
             if not probs:
                 m.descriptors[name] = desc
         if probs:
