@@ -242,11 +242,14 @@ def check_file(path: str, payload: bool = True) -> FileReport:
 
 
 def _read_index(path: str) -> tuple[dict[str, str] | None, list[Problem]]:
+    limit = tables.limits()["max_index_bytes"]
     try:
         with open(path, "rb") as f:
-            raw = f.read(64 << 20)
+            raw = f.read(limit + 1)
     except OSError as e:
         return None, [Problem("FILE_UNREADABLE", path, None, None, f"cannot read {path!r}: {e.strerror or e}")]
+    if len(raw) > limit:
+        return None, [Problem("INDEX_INVALID", path, None, None, f"the index is larger than {limit} bytes")]
     try:
         text = raw.decode("utf-8")
         obj, end = strict_json(text)
@@ -270,7 +273,7 @@ def check_index(path: str, payload: bool = True) -> tuple[list[FileReport], list
     shards = sorted(set(wm.values()))
     reports = []
     for shard in shards:
-        if os.path.isabs(shard) or os.path.normpath(shard).startswith("..") or os.sep in os.path.normpath(shard) or (os.altsep and os.altsep in shard):
+        if shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard:
             probs.append(Problem("INDEX_INVALID", path, None, "weight_map", f"shard name {shard!r} must be a file name inside the index's folder"))
             continue
         sp = os.path.join(folder, shard)
