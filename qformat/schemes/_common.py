@@ -17,14 +17,17 @@ from .. import tables
 from ..errors import error
 from ..packing import Packing, pack_rows
 
-_MISSING = object()
 #: Smallest positive binary32 (a subnormal); the floor of every scale that must not be zero.
 F32_TINY = float(np.float32(2.0**-149))
 
 
 # -- parameter checks (ENCODE_PARAM_INVALID names the parameter, what was expected, what was found)
 def bad_param(name: str, expected: str, found: Any) -> Exception:
-    return error("ENCODE_PARAM_INVALID", f"parameter {name!r}: expected {expected}, found {found!r}", field=name)
+    """The ENCODE_PARAM_INVALID error for parameter ``name``."""
+    text = repr(found)
+    if len(text) > 80:  # long tables: enough to recognise them
+        text = text[:60] + f"... ({type(found).__name__} of length {len(found) if hasattr(found, '__len__') else '?'})"
+    return error("ENCODE_PARAM_INVALID", f"parameter {name!r}: expected {expected}, found {text}", field=name)
 
 
 def check_int(name: str, value: Any, lo: int, hi: int | None = None, allow_none: bool = False) -> int | None:
@@ -43,6 +46,7 @@ def check_int(name: str, value: Any, lo: int, hi: int | None = None, allow_none:
 
 
 def check_bool(name: str, value: Any) -> bool:
+    """A real bool (1 and "yes" are refused: a typo should not pass silently)."""
     if not isinstance(value, (bool, np.bool_)):
         raise bad_param(name, "True or False", value)
     return bool(value)
@@ -54,7 +58,7 @@ def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
     if not isinstance(v, str):
         try:
             v = np.dtype(v).name
-        except TypeError:
+        except (TypeError, ValueError):
             raise bad_param(name, "one of " + ", ".join(map(repr, choices)), value) from None
     if v not in choices:
         raise bad_param(name, "one of " + ", ".join(map(repr, choices)), value)
@@ -91,17 +95,19 @@ def f32(v: Any) -> np.ndarray:
 
 
 def fit_scale(amax: np.ndarray, top: float) -> np.ndarray:
-    """Binary32 scales s with amax / s <= top (nothing clips) and top * s finite.
+    """Binary32 scales s = fp32(amax / top), never 0 for amax > 0, with top * s finite.
 
-    s = fp32(amax / top), one ulp up where rounding went down; amax 0 gives 1 (any scale
-    decodes zeros exactly).  The ulp matters only for subnormal scales, where rounding down
-    would clip by a large factor.
+    amax 0 gives 1 (any scale decodes zeros exactly).  Where the quotient is subnormal and
+    rounding went down, s goes one ulp up: a subnormal's relative rounding error is large, and
+    amax / s would clip far past ``top``.  Normal scales stay the plain quotient (they clip by
+    at most one part in 2^24), so they agree bit for bit with the usual amax / max recipe.
     """
     amax = np.asarray(amax, np.float64)
     with np.errstate(over="ignore"):
         s = np.asarray(amax / top, np.float64).astype(np.float32)
         up = np.nextafter(s, np.float32(np.inf))
-        s = np.where((s.astype(np.float64) * top < amax) & np.isfinite(up * np.float32(top)), up, s)
+        low = (s < np.float32(2.0**-126)) & (s.astype(np.float64) * top < amax)
+        s = np.where(low, up, s)
         s = np.where(np.isfinite(s * np.float32(top)), s, np.nextafter(s, np.float32(0)))
     return np.where(amax > 0, s, np.float32(1)).astype(np.float64)
 
@@ -141,6 +147,7 @@ def uncells(v: np.ndarray, shape: Sequence[int]) -> np.ndarray:
 
 
 def cell_axes(rank: int) -> tuple[int, ...]:
+    """The within-cell axes of a :func:`cells` view."""
     return tuple(range(1, 2 * rank, 2))
 
 
@@ -156,6 +163,7 @@ def grid_array(v: np.ndarray) -> np.ndarray:
 
 
 def grid_blocks(sizes: Sequence[int | None]) -> dict[str, Any]:
+    """The descriptor's ``blocks`` object of a grid."""
     return {"type": "grid", "size": [None if s is None else int(s) for s in sizes]}
 
 
@@ -169,6 +177,7 @@ def flat_cells(x: np.ndarray, block: int) -> np.ndarray:
 
 
 def unflat(v: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Inverse of :func:`flat_cells` (drops the padding)."""
     n = math.prod(shape)
     return v.reshape(-1)[:n].reshape(tuple(shape))
 
@@ -224,6 +233,7 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def codes_entry(tensor: str, element: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The descriptor's ``codes`` object, with the canonical packing."""
     return {"tensor": tensor, "element": element, "packing": packing(rank)}
 
 

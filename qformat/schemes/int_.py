@@ -26,6 +26,8 @@ from ._common import (
 )
 
 _SCALE_DTYPES = ("float32", "float16", "bfloat16")
+#: Elements encoded per chunk: the candidate search keeps a dozen float64 temporaries alive.
+CHUNK_ELEMENTS = 1 << 20
 
 
 def _multipliers(bits: int) -> list[tuple[float, float]]:
@@ -103,6 +105,15 @@ def _asymmetric(xc: np.ndarray, bits: int, scale_dtype: str, dtype: str) -> tupl
     return q, s, z
 
 
+def _chunked(fn, xc: np.ndarray, *args: Any) -> tuple[np.ndarray, ...]:  # type: ignore[no-untyped-def]
+    """Run ``fn`` over slices of the first grid axis (groups are independent) and concatenate."""
+    if xc.ndim == 0 or xc.shape[0] <= 1:
+        return fn(xc, *args)
+    step = max(1, CHUNK_ELEMENTS // max(1, xc[:1].size))
+    parts = [fn(xc[i : i + step], *args) for i in range(0, xc.shape[0], step)]
+    return tuple(np.concatenate(p, axis=0) for p in zip(*parts))
+
+
 @register("int")
 def encode(x: np.ndarray, *, dtype: str, bits: Any = 4, group_size: Any = 32, axis: Any = -1,
            symmetric: Any = True, scale_dtype: Any = "float16") -> QTensor:
@@ -118,22 +129,21 @@ def encode(x: np.ndarray, *, dtype: str, bits: Any = 4, group_size: Any = 32, ax
     if ax is not None:
         sizes[ax] = g
     xc = cells(x.astype(np.float64), sizes)
-    desc: dict[str, Any] = {"shape": list(x.shape), "dtype": dtype, "scheme": "int"}
-    comps: dict[str, np.ndarray] = {}
+    blocks = grid_blocks(sizes)
+    desc: dict[str, Any] = {"shape": list(x.shape), "dtype": dtype}
     if sym:
-        q, s = _symmetric(xc, b, sdt, dtype)
+        q, s = _chunked(_symmetric, xc, b, sdt, dtype)
         codes = uncells(q, x.shape).astype(np.int64)
-        element = {"type": "int", "bits": b, "signedness": "twos_complement"}
+        desc["codes"] = codes_entry("codes", {"type": "int", "bits": b, "signedness": "twos_complement"}, rank)
         # 8-bit codes keep their natural dtype so plain safetensors readers see the integers.
-        comps["codes"] = codes.astype(np.int8) if b == 8 else pack(codes & ((1 << b) - 1), b)
+        comps = {"codes": codes.astype(np.int8) if b == 8 else pack(codes & ((1 << b) - 1), b)}
     else:
-        q, s, z = _asymmetric(xc, b, sdt, dtype)
+        q, s, z = _chunked(_asymmetric, xc, b, sdt, dtype)
         codes = uncells(q, x.shape).astype(np.int64)
-        element = {"type": "int", "bits": b, "signedness": "unsigned"}
-        comps["codes"] = codes.astype(np.uint8) if b == 8 else pack(codes, b)
-        comps["zero"] = grid_array(z).astype(np.uint8)
-        desc["zero"] = {"blocks": grid_blocks(sizes), "tensor": "zero"}
-    desc["codes"] = codes_entry("codes", element, rank)
-    desc["scale"] = {"blocks": grid_blocks(sizes), "op": "multiply", "tensor": "scale"}
+        desc["codes"] = codes_entry("codes", {"type": "int", "bits": b, "signedness": "unsigned"}, rank)
+        desc["zero"] = {"blocks": blocks, "tensor": "zero"}
+        comps = {"codes": codes.astype(np.uint8) if b == 8 else pack(codes, b), "zero": grid_array(z).astype(np.uint8)}
+    desc["scale"] = {"blocks": blocks, "op": "multiply", "tensor": "scale"}
+    desc["scheme"] = "int"
     comps["scale"] = grid_array(s).astype(np_dtype(sdt))
     return QTensor(desc, comps)

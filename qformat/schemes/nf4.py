@@ -24,7 +24,7 @@ from ._common import check_bool, check_int, codes_entry, f32, fit_scale, flat_ce
 _NESTED_BLOCK = 256
 
 
-def _double_quant(absmax: np.ndarray) -> tuple[np.ndarray, dict[str, Any], dict[str, np.ndarray]]:
+def _double_quant(absmax: np.ndarray, dtype: str) -> tuple[np.ndarray, dict[str, Any], dict[str, np.ndarray]]:
     """Encode binary32 absmax values; returns (decoded absmax, nested descriptor, components)."""
     n = absmax.size
     mean = float(f32(absmax.mean())) if n else 0.0
@@ -34,7 +34,14 @@ def _double_quant(absmax: np.ndarray) -> tuple[np.ndarray, dict[str, Any], dict[
     y = cc / s
     q0 = np.clip(np.rint(y), -127, 127)
     q1 = np.clip(q0 + np.where(y > q0, 1.0, -1.0), -127, 127)
-    q = nearest_of_two(cc, q0, q1, lambda q: f32(f32(q * s) + mean))  # the decoder's two steps
+    target = flat_cells(absmax, _NESTED_BLOCK)
+
+    def decode(q: np.ndarray) -> np.ndarray:
+        a = f32(f32(q * s) + mean)  # the decoder's two binary32 steps
+        # An absmax past the logical dtype's range would decode code +-1 to Inf: rule it out.
+        return np.where(np.isfinite(to_output(a, dtype)), a, np.inf)
+
+    q = nearest_of_two(target, q0, q1, decode)
     q = q.reshape(-1)[:n]
     decoded = f32(f32(q * np.repeat(s[:, 0], _NESTED_BLOCK)[:n]) + mean)
     nested = {
@@ -80,7 +87,7 @@ def encode(x: np.ndarray, *, dtype: str, block_size: Any = 64, double_quant: Any
     desc: dict[str, Any] = {"shape": list(x.shape), "dtype": dtype,
                             "codes": codes_entry("codes", {"type": "codebook", "bits": 4, "table": "nf4"}, x.ndim)}
     if dq:
-        a, nested, comps = _double_quant(absmax)
+        a, nested, comps = _double_quant(absmax, dtype)
         desc["scale"] = {"blocks": {"type": "flat", "size": bs}, "op": "multiply", "encoded": nested}
     else:
         a, comps = absmax, {"scale": absmax.astype(np.float32)}
@@ -88,8 +95,7 @@ def encode(x: np.ndarray, *, dtype: str, block_size: Any = 64, double_quant: Any
     y = _scaled(xb, a.astype(np.float32), x.size % bs)
     q = np.searchsorted(bounds, y, side="left").astype(np.int64)
     # Never decode to Inf in the logical dtype: step such codes one towards zero (code 7).
-    with np.errstate(over="ignore"):
-        bad = ~np.isfinite(to_output(f32(table[q] * a[:, None]), dtype))
+    bad = ~np.isfinite(to_output(f32(table[q] * a[:, None]), dtype))
     q = np.where(bad, q + np.sign(7 - q), q)
     desc["scheme"] = "nf4"
     comps["codes"] = pack(unflat(q, x.shape), 4)

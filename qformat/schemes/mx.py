@@ -1,0 +1,80 @@
+"""OCP Microscaling (MX) schemes: one E8M0 power-of-two scale per block along the last axis.
+
+Per block (default 32 elements, the last one may be partial): shared exponent
+e = floor(log2(amax)) - emax_elem, clamped to [-127, 127] (amax 0 gives -127), where emax_elem
+is the exponent of the element format's largest binade (E2M1 2, E2M3 2, E3M2 4, E4M3 8, E5M2
+15, INT8 0).  Elements are x / 2^e rounded to nearest even with saturation (clip to +-max
+first, as the OCP spec's reference does).  MXINT8 elements are 8-bit two's complement with 6
+fraction bits, clipped to [-127, 127] / 64.
+
+The scale is a plain F8_E8M0 tensor (code e + 127, value 2^e), op multiply.  FP4 / FP6 codes
+are packed 4 / 6 bits to the byte stream; 8-bit codes keep a natural dtype (float8 arrays, or
+int8 for MXINT8) so plain safetensors readers see their values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .. import tables
+from ..qtensor import QTensor
+from . import register
+from ._common import (
+    cell_amax, cells, check_int, codes_entry, emax, float_codes, grid_array, grid_blocks, pack, round_float, uncells,
+)
+
+#: scheme id -> element format name ("int8" for MXINT8).
+FORMATS = {
+    "mxfp4": "e2m1fn", "mxfp6_e2m3": "e2m3fn", "mxfp6_e3m2": "e3m2fn",
+    "mxfp8_e4m3": "e4m3fn", "mxfp8_e5m2": "e5m2", "mxint8": "int8",
+}
+_FP8_STORAGE = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+_INT8_FRAC = 6
+
+
+def shared_exponent(amax: np.ndarray, fmt: str) -> np.ndarray:
+    """The E8M0 exponent of each block (int64), OCP MX v1.0 section 6.3."""
+    elem_emax = 0 if fmt == "int8" else emax(fmt)
+    e = np.frexp(amax)[1].astype(np.int64) - 1 - elem_emax  # frexp: amax = m * 2^k, 0.5 <= m < 1
+    return np.where(amax > 0, np.clip(e, -127, 127), -127)
+
+
+def _encode(scheme: str, x: np.ndarray, dtype: str, block_size: Any) -> QTensor:
+    bs = check_int("block_size", block_size, 1)
+    fmt = FORMATS[scheme]
+    rank = x.ndim
+    sizes: list[int | None] = [1] * (rank - 1) + [bs] if rank else []
+    xc = cells(x.astype(np.float64), sizes)
+    e = shared_exponent(cell_amax(xc), fmt)
+    y = uncells(np.ldexp(xc, -e), x.shape)  # exact: a power-of-two scaling in float64
+    if fmt == "int8":
+        element: dict[str, Any] = {"type": "int", "bits": 8, "signedness": "twos_complement", "frac_bits": _INT8_FRAC}
+        codes: np.ndarray = np.clip(np.rint(np.ldexp(y, _INT8_FRAC)), -127, 127).astype(np.int8)
+    else:
+        element = {"type": "float", "format": fmt}
+        c = float_codes(round_float(y, fmt), fmt)
+        codes = c.view(_FP8_STORAGE[fmt]) if fmt in _FP8_STORAGE else pack(c, int(tables.float_formats()[fmt]["bits"]))
+    desc = {
+        "shape": list(x.shape), "dtype": dtype,
+        "codes": codes_entry("codes", element, rank),
+        "scale": {"blocks": grid_blocks(sizes), "op": "multiply", "tensor": "scale"},
+        "scheme": scheme,
+    }
+    scale = grid_array(e + 127).astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    return QTensor(desc, {"codes": codes, "scale": scale})
+
+
+def _make(scheme: str) -> None:
+    def encode(x: np.ndarray, *, dtype: str, block_size: Any = 32) -> QTensor:
+        return _encode(scheme, x, dtype, block_size)
+
+    encode.__name__ = f"encode_{scheme}"
+    encode.__doc__ = f"OCP {scheme.upper()}: {FORMATS[scheme]} elements, an E8M0 scale per ``block_size`` along the last axis."
+    register(scheme)(encode)
+
+
+for _scheme in FORMATS:
+    _make(_scheme)

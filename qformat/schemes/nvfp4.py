@@ -1,0 +1,68 @@
+"""Scheme "nvfp4": E2M1 codes, an E4M3 scale per 16 along the last axis, an fp32 tensor scale.
+
+As NVIDIA ModelOpt: g = amax / (6 * 448) (binary32; amax 0 gives 1); block scale =
+block_amax / (6 * g) cast to E4M3 (clipped to [2^-9, 448] when block_amax > 0, else 0).  The
+block scale is an *encoded* parameter (E4M3 codes times g), so a reader decodes
+s = fp32(e4m3 * g); elements are E2M1(x / s) with that exact s, rounded to nearest even with
+saturation at +-6.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..qtensor import QTensor
+from . import register
+from ._common import F32_TINY, cell_amax, cells, codes_entry, f32, float_codes, grid_array, grid_blocks, pack, round_float, uncells
+
+BLOCK = 16
+_E4M3_MIN = 2.0**-9  # smallest positive E4M3 (a subnormal)
+
+
+def global_scale(amax: float) -> float:
+    """g = fp32(amax / 2688), never 0 for amax > 0, with 6 * fp32(448 * g) finite."""
+    if amax == 0:
+        return 1.0
+    g = np.float32(max(float(f32(amax / 2688.0)), F32_TINY))
+    with np.errstate(over="ignore"):
+        while not np.isfinite(np.float32(6) * (np.float32(448) * g)):
+            g = np.nextafter(g, np.float32(0))
+    return float(g)
+
+
+@register("nvfp4")
+def encode(x: np.ndarray, *, dtype: str) -> QTensor:
+    """NVFP4 (ModelOpt convention: the tensor scale multiplies)."""
+    rank = x.ndim
+    x64 = x.astype(np.float64)
+    g = global_scale(float(np.max(np.abs(x64), initial=0.0)))
+    sizes: list[int | None] = [1] * (rank - 1) + [BLOCK] if rank else []
+    xc = cells(x64, sizes)
+    bamax = cell_amax(xc)
+    v = np.where(bamax > 0, np.clip(bamax / (6.0 * g), _E4M3_MIN, 448.0), 0.0)
+    e4 = round_float(v, "e4m3fn")
+    s = f32(e4 * g)  # the decoder's binary32 product (exact in float64, then one rounding)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(s > 0, xc / np.where(s > 0, s, 1.0), 0.0)
+    codes = float_codes(round_float(uncells(y, x.shape), "e2m1fn"), "e2m1fn")
+    grid = grid_array(bamax).shape
+    nested = {
+        "shape": list(grid), "dtype": "float32",
+        "codes": codes_entry("scale.codes", {"type": "float", "format": "e4m3fn"}, rank),
+        "scale": {"blocks": grid_blocks([None] * rank), "op": "multiply", "tensor": "scale.scale"},
+    }
+    desc = {
+        "shape": list(x.shape), "dtype": dtype,
+        "codes": codes_entry("codes", {"type": "float", "format": "e2m1fn"}, rank),
+        "scale": {"blocks": grid_blocks(sizes), "op": "multiply", "encoded": nested},
+        "scheme": "nvfp4",
+    }
+    comps = {
+        "codes": pack(codes, 4),
+        "scale.codes": grid_array(float_codes(e4, "e4m3fn")).view(ml_dtypes.float8_e4m3fn),
+        "scale.scale": np.array(g, np.float32),
+    }
+    return QTensor(desc, comps)
