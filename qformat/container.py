@@ -95,7 +95,7 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_no_constant)
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_no_constant, parse_int=lambda s: int(s) if len(s) < 100 else (-1 if s[0] == "-" else 1) << 64)  # huge integers never wrap: any 100-digit value fails later size checks like 2^64
 
 
 def strict_json(text: str) -> tuple[Any, int]:
@@ -228,7 +228,7 @@ def write_file(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], m
         st = _dt.storage_name(a.dtype)
         if st is None:
             raise error("SAVE_INVALID", f"array dtype {a.dtype} has no safetensors dtype", tensor=name)
-        items.append((name, st, np.ascontiguousarray(a)))
+        items.append((name, st, np.ascontiguousarray(a).reshape(a.shape)))  # keep 0-d arrays 0-d
     # Widest dtype first, then by name: every tensor starts aligned to its own width.
     items.sort(key=lambda t: (-_alignment(t[1]), t[0]))
     header: dict[str, Any] = {}

@@ -249,6 +249,19 @@ def schema_messages(obj: Any, defn: str | None = None) -> list[str]:
 
 
 # -- semantic validation -------------------------------------------------------------------
+def parse_descriptor(name: str, raw: Any) -> Descriptor:
+    """Schema-check a raw descriptor (as this reader's version) and build it; raises QFormatError."""
+    max_depth = tables.limits()["max_nesting_depth"]
+    if not isinstance(raw, Mapping):
+        raise error("SCHEMA_VIOLATION", "a descriptor must be a JSON object", tensor=name)
+    if depth_of(raw) > max_depth:
+        raise error("DEPTH_EXCEEDED", f"encoded parameters nest {depth_of(raw)} deep, the limit is {max_depth}", tensor=name)
+    if schema_messages(raw, "descriptor"):
+        code, msgs = schema_code(raw)
+        raise error(code, "; ".join(msgs[:5]), tensor=name)
+    return Descriptor.from_dict(raw)
+
+
 def extension_problems(exts: list[Extension] | tuple[Extension, ...], newer: bool, scope: str,
                        tensor: str | None = None, field: str = "extensions") -> list[QFormatError]:
     """Problems of one ``extensions`` list (SPEC.md, "Extensions").

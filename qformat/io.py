@@ -12,7 +12,7 @@ import numpy as np
 from . import dtypes as _dt
 from .container import Entry, Header, read_header, write_file
 from .decode import Region, decode
-from .descriptor import Descriptor, validate_descriptor
+from .descriptor import Descriptor, parse_descriptor, validate_descriptor
 from .errors import QFormatError, error
 from .model import METADATA_KEY, FileModel, interpret
 from .qtensor import QTensor
@@ -131,7 +131,7 @@ class SafeOpen:
         self._known(name)
         if name in self.model.plain:
             return self.header.entries[name].shape
-        return tuple(int(s) for s in self.model.raw[name].get("shape", ()))
+        return self._descriptor(name).shape
 
     def get_slice(self, name: str) -> "Slice":
         """An object whose ``[...]`` decodes only the rows or blocks asked for."""
@@ -208,11 +208,11 @@ def prepare(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = Non
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise error("SAVE_INVALID", f"invalid tensor name {name!r}")
         if isinstance(value, QTensor):
+            parse_descriptor(name, value.descriptor)  # schema first: renaming walks the structure
             prefix = name + "."
             qt = value.renamed(lambda c, p=prefix, n=name: c if (c == n or c.startswith(p)) else p + c)
-            src = ArraySource(qt.components)
-            desc = Descriptor.from_dict(qt.descriptor)
-            _raise_first(validate_descriptor(name, desc, src))
+            desc = parse_descriptor(name, qt.descriptor)
+            _raise_first(validate_descriptor(name, desc, ArraySource(qt.components)))
             for comp, arr in qt.components.items():
                 if comp in owner or (comp in tensors and comp != name):
                     raise error("SAVE_INVALID", f"component name {comp!r} of {name!r} collides with another tensor", tensor=name)

@@ -91,7 +91,10 @@ def interpret(header: Header, src: Source) -> FileModel:
     m.version = obj["version"]
     newer = ver[1] > READER_VERSION[1]
 
-    top = {k: (v if k != "tensors" else {}) for k, v in obj.items()}
+    # A newer minor may add optional top-level members; anything a reader must understand
+    # comes as an extension, so an older reader ignores members it does not know.
+    known_top = tables.schema()["properties"]
+    top = {k: (v if k != "tensors" else {}) for k, v in obj.items() if k in known_top or not newer}
     msgs = schema_messages(top)
     if msgs or not isinstance(obj.get("tensors"), dict):
         code = "FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION"

@@ -49,11 +49,11 @@ class QTensor:
     def dequantize(self) -> np.ndarray:
         """Decode to a NumPy array of the logical shape and dtype (bit-exact reference)."""
         from .decode import decode_full
-        from .descriptor import Descriptor, validate_descriptor
+        from .descriptor import parse_descriptor, validate_descriptor
         from .sources import ArraySource
 
         src = ArraySource(self._components)
-        desc = Descriptor.from_dict(self._descriptor)
+        desc = parse_descriptor("<qtensor>", self._descriptor)
         problems = validate_descriptor("<qtensor>", desc, src)
         if problems:
             raise problems[0]

