@@ -12,7 +12,6 @@ import json
 import math
 import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterable, Mapping
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import tables
+from .atomic import atomic_write
 from .errors import QFormatError, error
 
 MAX_JSON_DEPTH = tables.limits()["max_json_depth"]
@@ -240,24 +240,11 @@ def write_file(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], m
         off += a.nbytes
     hb = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     hb += b" " * (-len(hb) % 8)
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".qformat-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(hb)))
-            f.write(hb)
-            for _, _, a in items:
-                _write_array(f, a)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_write(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for _, _, a in items:
+            _write_array(f, a)
 
 
 def _write_array(f: BinaryIO, a: np.ndarray) -> None:

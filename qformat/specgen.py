@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import struct
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from qformat import tables
+from qformat.atomic import atomic_write
 
 #: Names of the generated sections, in the order they appear in SPEC.md.
 SECTION_NAMES = ("dtypes", "float_formats", "codebooks", "layouts", "limits", "errors", "schemes")
@@ -221,21 +220,8 @@ def missing_sections(spec_text: str) -> list[str]:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".specgen-", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_write(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,6 @@ saturation at +-6.
 
 from __future__ import annotations
 
-from typing import Any
 
 import ml_dtypes
 import numpy as np
