@@ -22,6 +22,19 @@ __version__ = "0.1.0"
 SPEC_VERSION = "1.0"
 
 
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """``qformat.torch`` and ``qformat.jax``: the framework readers, imported on first use."""
+    if name == "torch":
+        import qformat_torch
+
+        return qformat_torch
+    if name == "jax":
+        import qformat_jax
+
+        return qformat_jax
+    raise AttributeError(f"module 'qformat' has no attribute {name!r}")
+
+
 def quantize(array, scheme: str, **params) -> QTensor:  # type: ignore[no-untyped-def]
     """Encode ``array`` with the registered ``scheme`` (see :mod:`qformat.schemes`)."""
     from .schemes import quantize as _quantize

@@ -14,7 +14,7 @@ if [ ! -f "$STAMP" ]; then
   echo "[setup] installing qformat and its test oracles into $VENV" >&2
   "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
   "$VENV/bin/python" -m pip install --quiet "torch==2.13.0" >&2
-  "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test,oracles,demo]" >&2
+  "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test,torch,jax,oracles,demo]" >&2
   rm -f "$VENV"/.qformat-installed-*
   touch "$STAMP"
 fi

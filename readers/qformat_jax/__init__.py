@@ -1,0 +1,1 @@
+"""qformat for JAX (the JAX reader arrives with the readers issue)."""

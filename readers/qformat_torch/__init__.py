@@ -1,0 +1,1 @@
+"""qformat for PyTorch (the torch reader arrives with the readers issue)."""
