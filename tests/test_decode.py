@@ -1,4 +1,5 @@
-"""The reference decoder against a per-element transcription of SPEC.md, over random descriptors.
+"""The reference decoder against conformance/spec_reference.py (a per-element transcription of
+SPEC.md that shares no code with qformat's decoder), over random descriptors.
 
 Hypothesis draws whole descriptors (element, packing with order/axis/slots/planes, zero/scale/
 bias with grid, flat and indexed blocks, plain or encoded parameters, logical dtype) together
@@ -10,7 +11,6 @@ tiny chunk size, which must all give identical bits.
 
 from __future__ import annotations
 
-import math
 
 import ml_dtypes
 import numpy as np
@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 import qformat
 from qformat import decode as decode_mod
 from qformat import tables
-from qformat.elements import lut as element_lut
-from qformat.elements import Element
 from qformat.packing import Packing, pack_rows
+
+from conformance.spec_reference import decode as spec_decode
 
 LOGICAL = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 PARAM_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e8m0fnu, np.int8, np.uint8, np.int32]
@@ -155,68 +155,6 @@ def params(draw, role, shape, depth, prefix):
     return prm, comps
 
 
-def slow_decode(desc: dict, comps: dict, codes: np.ndarray, sub_codes: dict) -> np.ndarray:
-    """Per-element decode following SPEC.md's arithmetic with NumPy binary32 scalars."""
-    shape = tuple(desc["shape"])
-    el = Element.from_dict(desc["codes"]["element"])
-    table = comps.get(el.table_tensor) if el.table_tensor else None
-    lut, _ = element_lut(el, table)
-    pvals = {}
-    for role in ("zero", "scale", "bias"):
-        if role in desc:
-            pvals[role] = param_grid(desc[role], shape, comps, sub_codes)
-    out = np.empty(shape, np.float32)
-    numel = math.prod(shape)
-    for flat in range(numel):
-        idx = np.unravel_index(flat, shape) if shape else ()
-        x = np.float32(lut[codes[idx]])
-        for role in ("zero", "scale", "bias"):
-            if role not in desc:
-                continue
-            prm = desc[role]
-            b = prm["blocks"]
-            if b["type"] == "flat":
-                cell = (flat // b["size"],)
-            else:
-                cell = []
-                for a, i in enumerate(idx):
-                    gi = b.get("index")
-                    if gi and gi["axis"] == a:
-                        cell.append(int(comps[gi["tensor"]][i]))
-                    else:
-                        cell.append(0 if b["size"][a] is None else i // b["size"][a])
-                cell = tuple(cell)
-            v = np.float32(pvals[role][cell])
-            op = prm.get("op")
-            with np.errstate(all="ignore"):
-                if role == "zero" or op == "subtract":
-                    x = np.float32(x - v)
-                elif op == "multiply":
-                    x = np.float32(x * v)
-                elif op == "divide":
-                    x = np.float32(x / v)
-                else:
-                    x = np.float32(x + v)
-        out[idx] = x
-    with np.errstate(all="ignore"):
-        return out.astype(LOGICAL[desc["dtype"]])
-
-
-def param_grid(prm: dict, shape, comps, sub_codes) -> np.ndarray:
-    from qformat.descriptor import Blocks
-
-    grid = Blocks.from_dict(prm["blocks"]).grid_shape(tuple(shape))
-    if "encoded" in prm:
-        enc = prm["encoded"]
-        return slow_decode(enc, comps, sub_codes[enc["codes"]["tensor"]], sub_codes).astype(np.float32)
-    order = prm.get("order")
-    stored = [grid[a] for a in order] if order else list(grid)
-    v = comps[prm["tensor"]].reshape(stored)
-    if order:
-        v = v.transpose(np.argsort(order))
-    return v.astype(np.float32)
-
-
 def canonical_codes(desc, comps):
     """Codes of every (nested) descriptor, re-derived from the components by qformat."""
     from qformat.descriptor import Descriptor
@@ -254,7 +192,7 @@ def test_decode_matches_spec_transcription(case):
     got = qt.dequantize()
     sub = canonical_codes(desc, comps)
     np.testing.assert_array_equal(sub[desc["codes"]["tensor"]], codes)
-    want = slow_decode(desc, comps, codes, sub)
+    want = spec_decode(desc, comps)
     assert same_bits(got, want)
 
 
