@@ -14,6 +14,7 @@ This package imports NumPy, ml_dtypes and jsonschema only: never torch or jax.
 
 from .check import Problem, Report, check
 from .errors import InvalidFileError, MalformedFileError, QFormatError, UnsupportedError, UsageError
+from .index import load_checkpoint
 from .io import iter_tensors, load_file, safe_open, save_file
 from .qtensor import QTensor
 
@@ -44,6 +45,6 @@ def quantize(array, scheme: str, **params) -> QTensor:  # type: ignore[no-untype
 
 __all__ = [
     "InvalidFileError", "MalformedFileError", "Problem", "QFormatError", "QTensor", "Report", "SPEC_VERSION",
-    "UnsupportedError", "UsageError", "__version__", "check", "iter_tensors", "load_file", "quantize",
+    "UnsupportedError", "UsageError", "__version__", "check", "iter_tensors", "load_checkpoint", "load_file", "quantize",
     "safe_open", "save_file",
 ]

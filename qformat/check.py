@@ -17,17 +17,17 @@ from typing import Any, Iterable
 import numpy as np
 
 from . import tables
-from .container import _Dup, read_header, strict_json
+from .container import read_header
 from .decode import decode, element_table
 from .descriptor import INT_PARAM_DTYPES, Descriptor, Param, codes_shape
 from .errors import QFormatError, error
 from .io import FileSource
+from .index import INDEX_SUFFIX, mismatches, scan_index
 from .model import interpret
 from .packing import pack_rows, unpack_rows
 
 #: Packed bytes examined per step of the payload scan.
 SCAN_BYTES = 8 << 20
-INDEX_SUFFIX = ".safetensors.index.json"
 
 
 @dataclass(frozen=True)
@@ -241,45 +241,15 @@ def check_file(path: str, payload: bool = True) -> FileReport:
     return rep
 
 
-def _read_index(path: str) -> tuple[dict[str, str] | None, list[Problem]]:
-    limit = tables.limits()["max_index_bytes"]
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(limit + 1)
-    except OSError as e:
-        return None, [Problem("FILE_UNREADABLE", path, None, None, f"cannot read {path!r}: {e.strerror or e}")]
-    if len(raw) > limit:
-        return None, [Problem("INDEX_INVALID", path, None, None, f"the index is larger than {limit} bytes")]
-    try:
-        text = raw.decode("utf-8")
-        obj, end = strict_json(text)
-        if text[end:].strip(" \t\n\r"):
-            raise ValueError("text follows the JSON object")
-    except (_Dup, ValueError, UnicodeDecodeError, RecursionError) as e:
-        msg = f"key {e.key!r} appears twice" if isinstance(e, _Dup) else str(e)
-        return None, [Problem("INDEX_INVALID", path, None, None, f"the index is not valid JSON: {msg}"[:300])]
-    wm = obj.get("weight_map") if isinstance(obj, dict) else None
-    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
-        return None, [Problem("INDEX_INVALID", path, None, "weight_map", "expected an object 'weight_map' mapping tensor names to shard file names")]
-    return wm, []
-
-
 def check_index(path: str, payload: bool = True) -> tuple[list[FileReport], list[Problem]]:
     """Check a sharded checkpoint through its ``*.safetensors.index.json``."""
-    wm, probs = _read_index(path)
-    if wm is None:
-        return [], probs
-    folder = os.path.dirname(os.path.abspath(path))
-    shards = sorted(set(wm.values()))
-    reports = []
-    for shard in shards:
-        if shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard:
-            probs.append(Problem("INDEX_INVALID", path, None, "weight_map", f"shard name {shard!r} must be a file name inside the index's folder"))
-            continue
-        sp = os.path.join(folder, shard)
-        if not os.path.isfile(sp):
-            probs.append(Problem("INDEX_INVALID", path, None, "weight_map", f"shard {shard!r} listed in the index does not exist"))
-            continue
+    try:
+        index, found = scan_index(path)
+    except QFormatError as e:
+        return [], [_problem(e, path)]
+    reports, probs = [], [_problem(e, path) for e in found]
+    for shard in index.shards:
+        sp = os.path.join(index.folder, shard)
         rep = check_file(sp, payload)
         reports.append(rep)
         try:
@@ -287,12 +257,7 @@ def check_index(path: str, payload: bool = True) -> tuple[list[FileReport], list
             model = interpret(header, FileSource(sp, header))
         except QFormatError:
             continue
-        visible = set(header.entries) | set(model.raw)
-        listed = {n for n, s in wm.items() if s == shard}
-        for n in sorted(listed - visible):
-            probs.append(Problem("INDEX_MISMATCH", path, n, "weight_map", f"the index places {n!r} in {shard!r}, which has no such tensor"))
-        for n in sorted(set(header.entries) - listed):
-            probs.append(Problem("INDEX_MISMATCH", path, n, "weight_map", f"shard {shard!r} holds {n!r}, which the index does not list for it"))
+        probs.extend(_problem(e, path) for e in mismatches(index, shard, header, model))
     return reports, probs
 
 

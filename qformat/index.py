@@ -1,0 +1,111 @@
+"""Sharded checkpoints: the ``*.safetensors.index.json`` file (SPEC.md, "Sharded checkpoints")."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from . import tables
+from .container import Header, _Dup, strict_json
+from .errors import QFormatError, error
+from .model import FileModel
+
+INDEX_SUFFIX = ".safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class Index:
+    path: str
+    folder: str
+    weight_map: dict[str, str]
+
+    @property
+    def shards(self) -> list[str]:
+        return sorted(set(self.weight_map.values()))
+
+
+def read_index(path: str | os.PathLike[str]) -> Index:
+    """Parse and validate an index file (not its shards); raises INDEX_INVALID / FILE_UNREADABLE."""
+    index, problems = scan_index(path)
+    if problems:
+        raise problems[0]
+    return index
+
+
+def scan_index(path: str | os.PathLike[str]) -> tuple[Index, list[QFormatError]]:
+    """Parse an index, collecting every problem: the returned Index keeps only usable shards.
+
+    Raises FILE_UNREADABLE or INDEX_INVALID when the file itself cannot be used at all.
+    """
+    path = os.fspath(path)
+    limit = tables.limits()["max_index_bytes"]
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as e:
+        raise error("FILE_UNREADABLE", f"cannot read {path!r}: {e.strerror or e}") from None
+    if len(raw) > limit:
+        raise error("INDEX_INVALID", f"the index is larger than {limit} bytes")
+    try:
+        text = raw.decode("utf-8")
+        obj, end = strict_json(text)
+        if text[end:].strip(" \t\n\r"):
+            raise ValueError("text follows the JSON object")
+    except (_Dup, ValueError, UnicodeDecodeError, RecursionError) as e:
+        msg = f"key {e.key!r} appears twice" if isinstance(e, _Dup) else str(e)
+        raise error("INDEX_INVALID", f"the index is not valid JSON: {msg}"[:300]) from None
+    wm = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        raise error("INDEX_INVALID", "expected an object 'weight_map' mapping tensor names to shard file names", field="weight_map")
+    folder = os.path.dirname(os.path.abspath(path))
+    problems = []
+    bad = set()
+    for shard in sorted(set(wm.values())):
+        if shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard:
+            problems.append(error("INDEX_INVALID", f"shard name {shard!r} must be a plain file name inside the index's folder", field="weight_map"))
+            bad.add(shard)
+        elif not os.path.isfile(os.path.join(folder, shard)):
+            problems.append(error("INDEX_INVALID", f"shard {shard!r} listed in the index does not exist", field="weight_map"))
+            bad.add(shard)
+    return Index(path, folder, {k: v for k, v in wm.items() if v not in bad}), problems
+
+
+def mismatches(index: Index, shard: str, header: Header, model: FileModel) -> list[QFormatError]:
+    """INDEX_MISMATCH problems between the index and one shard's tensors."""
+    out = []
+    visible = set(header.entries) | set(model.raw)
+    listed = {n for n, s in index.weight_map.items() if s == shard}
+    for n in sorted(listed - visible):
+        out.append(error("INDEX_MISMATCH", f"the index places {n!r} in {shard!r}, which has no such tensor", tensor=n, field="weight_map"))
+    for n in sorted(set(header.entries) - listed):
+        out.append(error("INDEX_MISMATCH", f"shard {shard!r} holds {n!r}, which the index does not list for it", tensor=n, field="weight_map"))
+    return out
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict:
+    """Every tensor of a file or of a sharded checkpoint (given its index), decoded.
+
+    For an index, the index is validated against each shard (INDEX_INVALID, INDEX_MISMATCH)
+    and the shards' tensors are merged; a name found in two shards is INDEX_MISMATCH.
+    """
+    from .container import read_header
+    from .io import FileSource, load_file
+    from .model import interpret
+
+    path = os.fspath(path)
+    if not path.endswith(".json"):
+        return load_file(path)
+    index = read_index(path)
+    out: dict = {}
+    for shard in index.shards:
+        sp = os.path.join(index.folder, shard)
+        header = read_header(sp)
+        model = interpret(header, FileSource(sp, header))
+        probs = mismatches(index, shard, header, model)
+        if probs:
+            raise probs[0]
+        for name, arr in load_file(sp).items():
+            if name in out:
+                raise error("INDEX_MISMATCH", f"tensor {name!r} appears in more than one shard", tensor=name, field="weight_map")
+            out[name] = arr
+    return out
