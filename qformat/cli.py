@@ -26,6 +26,22 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("paths", nargs="+", metavar="PATH")
     c.add_argument("--json", action="store_true", help="print one JSON report instead of text")
     c.add_argument("--header-only", action="store_true", help="skip payload checks (padding, parameter values, indices)")
+    conf = sub.add_parser("conformance", help="run the conformance corpus against a reader")
+    csub = conf.add_subparsers(dest="conf_command", metavar="SUBCOMMAND", required=True)
+    r = csub.add_parser("run", help="run the corpus against a reader (one JSON line per case, then a summary)")
+    who = r.add_mutually_exclusive_group(required=True)
+    who.add_argument("--reader", metavar="CMD", help="a command; the runner appends INPUT OUTPUT (see conformance/README.md)")
+    who.add_argument("--python", metavar="MODULE:FUNCTION", help="an in-process reader: FUNCTION(path) -> {name: array}")
+    r.add_argument("--corpus", metavar="DIR", help="corpus folder holding manifest.json (default: QFORMAT_CORPUS or conformance/v1)")
+    r.add_argument("--id", action="append", metavar="GLOB", help="only cases whose id matches (repeatable)")
+    r.add_argument("--feature", action="append", metavar="TAG", help="only cases having this feature tag (repeatable: all must hold)")
+    r.add_argument("--skip-feature", action="append", metavar="TAG", help="leave out cases having this tag (repeatable)")
+    r.add_argument("--timeout", type=float, default=120.0, help="seconds per case for --reader (default 120)")
+    r.add_argument("--jobs", type=int, default=1, help="cases run at once with --reader (default 1)")
+    r.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the corpus files")
+    rd = csub.add_parser("read", help="the reference reader in the command protocol: decode INPUT, write OUTPUT")
+    rd.add_argument("input", metavar="INPUT")
+    rd.add_argument("output", metavar="OUTPUT")
     return p
 
 
@@ -49,6 +65,14 @@ def _print_text(report: Report) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "conformance":
+        from . import conformance
+
+        try:
+            return conformance.main(args)
+        except Exception as e:  # never a traceback
+            print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 3
     if args.command != "check":
         _parser().print_help()
         return 2

@@ -138,6 +138,10 @@ class SafeOpen:
         self._known(name)
         return Slice(self, name)
 
+    def get_qtensor_slice(self, name: str, key: Any) -> QTensor:
+        """``get_slice(name).qtensor(key)``: a block-aligned box, still packed."""
+        return self.get_slice(name).qtensor(key)
+
 
 class Slice:
     """Indexing with integers and step-1 slices decodes just that box."""
@@ -148,7 +152,8 @@ class Slice:
     def get_shape(self) -> list[int]:
         return list(self._f.shape(self._name))
 
-    def __getitem__(self, key: Any) -> np.ndarray:
+    def _region(self, key: Any) -> tuple[tuple[tuple[int, int], ...], list[int]]:
+        """(region, axes indexed by an integer) of an index expression."""
         shape = self._f.shape(self._name)
         if not isinstance(key, tuple):
             key = (key,)
@@ -174,8 +179,31 @@ class Slice:
                 region.append((lo, max(lo, hi)))
             else:
                 raise error("SLICE_INVALID", f"expected an integer or a slice on axis {a}, found {type(k).__name__}", tensor=self._name)
-        out = self._f._get(self._name, tuple(region))
+        return tuple(region), squeeze
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        region, squeeze = self._region(key)
+        out = self._f._get(self._name, region)
         return out.reshape([hi - lo for a, (lo, hi) in enumerate(region) if a not in squeeze])
+
+    def qtensor(self, key: Any) -> QTensor:
+        """The block-aligned box ``key`` as a standalone, still packed :class:`QTensor`.
+
+        Its components are views of only the bytes the box needs (qformat.slicing); an integer
+        index keeps its axis with length 1.  A box that is not block-aligned is
+        ``SLICE_INVALID``, naming the nearest aligned bounds (``qformat.slicing.aligned_region``
+        gives the smallest aligned box around any box).
+        """
+        from .slicing import describe_alignment, is_aligned, slice_qtensor
+
+        region, _ = self._region(key)
+        if self._name not in self._f.model.raw:
+            raise error("SLICE_INVALID", f"{self._name!r} is a plain tensor, not a quantized one", tensor=self._name)
+        desc = self._f._descriptor(self._name)
+        if not is_aligned(desc, region):
+            raise error("SLICE_INVALID", "the box is not block-aligned: " + describe_alignment(desc, region), tensor=self._name)
+        sub, comps = slice_qtensor(desc, self._f._src, region)
+        return QTensor(sub, comps)
 
 
 def safe_open(path: str | os.PathLike[str], framework: str = "numpy") -> SafeOpen:

@@ -1410,6 +1410,11 @@ def _package_sources() -> list[Path]:
     return sorted(root.rglob("*.py"))
 
 
+#: The one allowed dynamic import: the conformance runner's ``--python MODULE:FUNCTION`` names
+#: the user's own reader on the command line (like ``python -m``); no file content reaches it.
+ALLOWED_DYNAMIC = {("qformat/conformance.py", "import_module"), ("qformat/conformance.py", "importlib.import_module")}
+
+
 def test_no_dynamic_code_execution_in_qformat() -> None:
     found = []
     files = _package_sources()
@@ -1425,4 +1430,5 @@ def test_no_dynamic_code_execution_in_qformat() -> None:
                 code = line.split("#", 1)[0]
                 if needle in code and not code.strip().startswith(('"', "'")):
                     found.append(f"{path.relative_to(path.parent.parent)}:{i}: {needle}")
+    found = [f for f in found if (f.split(":")[0], f.rsplit(": ", 1)[1]) not in ALLOWED_DYNAMIC]
     assert not found, "dynamic code execution / unsafe deserialization in qformat/: " + "; ".join(sorted(set(found)))

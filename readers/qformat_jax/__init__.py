@@ -1,1 +1,20 @@
-"""qformat for JAX (the JAX reader arrives with the readers issue)."""
+"""qformat for JAX: decode qformat tensors with jax.numpy, packed, jitted or sharded.
+
+* :func:`dequantize` decodes a :class:`QArray`, a :class:`qformat.QTensor` or component arrays
+  plus a descriptor; bit-exact with the NumPy reference (``exact=True``, the default), and
+  traceable inside ``jax.jit``.
+* :class:`QArray` keeps a tensor packed on the device as a pytree (components as leaves, the
+  descriptor as static data): ``q.dequantize()`` inside a jitted forward pass.
+* :func:`load_file` reads a file into ``jax.Array`` values (or QArrays with ``packed=True``),
+  optionally sharded: each device reads and decodes only the blocks of its own shard.
+* :func:`conformance_reader` is the in-process reader of ``qformat conformance run``.
+
+Reached as ``qformat.jax``; ``import qformat`` alone never imports JAX.
+"""
+
+from ._decode import decode_traced, round_to, widen_to_f32
+from ._io import conformance_reader, load_checkpoint, load_file, load_region
+from ._qarray import QArray, dequantize
+
+__all__ = ["QArray", "conformance_reader", "decode_traced", "dequantize", "load_checkpoint", "load_file", "load_region",
+           "round_to", "widen_to_f32"]

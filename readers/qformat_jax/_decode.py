@@ -1,0 +1,379 @@
+"""The decoder in jax.numpy: one traced function per descriptor, bit-exact with the reference.
+
+Everything static (shapes, packing geometry, block sizes, lookup tables of the element
+encodings) comes from the descriptor, parsed and validated by the neutral core; the traced
+function takes only the component arrays, so it runs under ``jax.jit`` and inside a model's
+forward pass with the weights still packed on the device.
+
+Exactness on XLA (SPEC.md §10.2), checked by tests/readers/test_jax_decode.py:
+
+* XLA:CPU contracts a multiply followed by an add into one FMA, and runs kernels with
+  flush-to-zero and denormals-are-zero set, so plain binary32 jax.numpy arithmetic is *not*
+  the spec's arithmetic.  In ``exact`` mode (the default) each step therefore runs in binary64:
+  both operands are widened exactly, the one binary64 operation is exact or, for ``/``,
+  ``+`` and ``-``, correctly rounded to 53 bits, which rounds to the same binary32 value as
+  the exact result (53 >= 2*24+2, Figueroa's double-rounding bound; results in the binary32
+  subnormal range are exact sums or coarser roundings still), and the narrowing back to
+  binary32 is done in integer arithmetic wherever the result is below 2^-126.  A binary64
+  value is never subnormal here, so FTZ/DAZ never bite; binary64 and the narrowing steps
+  separate every multiply from the next add, so nothing is contracted.
+* XLA rewrites ``a / broadcast(b)`` and ``a / gather(b)`` as ``a * (1 / b)`` (two roundings):
+  a divisor is materialized at full shape behind ``lax.optimization_barrier`` first.
+* Widening binary16/bfloat16/float8 values and rounding to binary16/bfloat16 are done on the
+  bits (integer operations, lookup tables), never with a float conversion instruction that
+  DAZ could touch.
+
+``exact=False`` decodes with plain binary32 operations: faster, still within rounding of the
+reference, but not guaranteed bit-identical (FMA, FTZ, backend differences).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from qformat import dtypes as _dt
+from qformat import elements as _el
+from qformat.descriptor import Descriptor, Param, codes_shape
+from qformat.packing import Packing
+
+_F8_FORMATS = {"F8_E4M3": "e4m3fn", "F8_E5M2": "e5m2", "F8_E8M0": "e8m0fnu"}
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+_JNP_LOGICAL = {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}
+
+
+def _x64():  # type: ignore[no-untyped-def]
+    """A context in which binary64 arrays may be created while tracing."""
+    ctx = getattr(jax, "enable_x64", None)
+    if ctx is not None:
+        return ctx(True)
+    from jax.experimental import enable_x64  # older JAX
+
+    return enable_x64()
+
+
+def storage_of(x: Any) -> str:
+    """safetensors dtype name of an array's dtype (its storage dtype on the device)."""
+    name = _dt.storage_name(np.dtype(x.dtype))
+    if name is None:
+        raise TypeError(f"dtype {x.dtype} is not a safetensors dtype")
+    return name
+
+
+# -- bit-level conversions (no float instruction touches a subnormal) --------------------------
+def _bits(x: jax.Array) -> jax.Array:
+    """The raw bits of any array as an unsigned integer array of the same width."""
+    if jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+        return x
+    return lax.bitcast_convert_type(x, _UINT[x.dtype.itemsize])
+
+
+def _f32(u: jax.Array) -> jax.Array:
+    return lax.bitcast_convert_type(u.astype(jnp.uint32), jnp.float32)
+
+
+def _f16_bits_to_f32(h: jax.Array) -> jax.Array:
+    u = h.astype(jnp.uint32)
+    sign = (u >> 15) << 31
+    e = (u >> 10) & 0x1F
+    m = u & 0x3FF
+    normal = sign | ((e + 112) << 23) | (m << 13)
+    special = sign | 0x7F800000 | (m << 13)
+    # subnormal binary16 m * 2^-24 is a normal binary32: leading one of m at bit p
+    p = 31 - lax.clz(jnp.maximum(m, 1)).astype(jnp.uint32)
+    sub = sign | ((p + 103) << 23) | ((m << (23 - p)) & 0x7FFFFF)
+    sub = jnp.where(m == 0, sign, sub)
+    return _f32(jnp.where(e == 0, sub, jnp.where(e == 31, special, normal)))
+
+
+def widen_to_f32(x: jax.Array, storage: str) -> jax.Array:
+    """Values of a stored array as binary32, exactly (SPEC.md §9.2 widening)."""
+    if storage == "F32":
+        return lax.bitcast_convert_type(_bits(x), jnp.float32)
+    if storage == "F16":
+        return _f16_bits_to_f32(_bits(x))
+    if storage == "BF16":
+        return _f32(_bits(x).astype(jnp.uint32) << 16)
+    if storage in _F8_FORMATS:
+        table = jnp.asarray(_el.float_lut(_F8_FORMATS[storage]))
+        return jnp.take(table, _bits(x).astype(jnp.int32), mode="clip")
+    # integers: the integer value rounded to binary32 (RNE); no subnormal can arise
+    return x.astype(jnp.float32)
+
+
+def _to_f64(x: jax.Array) -> jax.Array:
+    """binary32 -> binary64, exactly, subnormals included (must run under _x64)."""
+    u = _bits(x)
+    mag = u & 0x7FFFFFFF
+    is_sub = (mag < 0x800000) & (mag != 0)
+    alt = (u & 0x7FFFFF).astype(jnp.float64) * np.float64(2.0**-149)
+    alt = jnp.where((u >> 31) == 1, -alt, alt)
+    return jnp.where(is_sub, alt, x.astype(jnp.float64))
+
+
+def _to_f32(v: jax.Array) -> jax.Array:
+    """binary64 -> binary32 with RNE, subnormal results included (must run under _x64)."""
+    a = jnp.abs(v)
+    tiny = a < np.float64(2.0**-126)
+    k = lax.round(jnp.where(tiny, a, 0.0) * np.float64(2.0**149), lax.RoundingMethod.TO_NEAREST_EVEN)
+    sign = jnp.signbit(v).astype(jnp.uint32) << 31
+    tiny_val = _f32(sign | k.astype(jnp.uint32))
+    return jnp.where(tiny, tiny_val, v.astype(jnp.float32))
+
+
+def _round_f16(x: jax.Array) -> jax.Array:
+    """binary32 -> binary16, RNE; subnormal results computed on the bits."""
+    u = _bits(x)
+    mag = _f32(u & 0x7FFFFFFF)
+    tiny = (u & 0x7FFFFFFF) < 0x38800000  # |x| < 2^-14 (the binary16 normal range starts there)
+    # |x| * 2^24 < 2^10 is a normal binary32 (or a flushed subnormal: those round to 0 anyway)
+    k = lax.round(jnp.where(tiny, mag, 0.0) * np.float32(2.0**24), lax.RoundingMethod.TO_NEAREST_EVEN)
+    h = ((u >> 16) & 0x8000) | k.astype(jnp.uint32)
+    tiny_val = lax.bitcast_convert_type(h.astype(jnp.uint16), jnp.float16)
+    return jnp.where(tiny, tiny_val, x.astype(jnp.float16))
+
+
+def _round_bf16(x: jax.Array) -> jax.Array:
+    """binary32 -> bfloat16 by the bit formula of SPEC.md §10.3; NaN stays NaN."""
+    u = _bits(x)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    r = jnp.where(nan, ((u >> 16) & 0x8000) | 0x7FC0, r)
+    return lax.bitcast_convert_type(r.astype(jnp.uint16), jnp.bfloat16)
+
+
+def round_to(x: jax.Array, dtype: str) -> jax.Array:
+    """binary32 -> the logical dtype (SPEC.md §10.3)."""
+    if dtype == "float32":
+        return x
+    if dtype == "float16":
+        return _round_f16(x)
+    return _round_bf16(x)
+
+
+def logical_to_f32(x: jax.Array, dtype: str) -> jax.Array:
+    """A decoded value in its logical dtype, widened exactly to binary32."""
+    if dtype == "float32":
+        return x
+    return widen_to_f32(x, "F16" if dtype == "float16" else "BF16")
+
+
+# -- unpacking ------------------------------------------------------------------------------
+def _slot_shifts(p: Packing, bits: int) -> np.ndarray:
+    n = p.slots_per_word(bits)
+    s = np.arange(n, dtype=np.uint32)
+    return (s * bits if p.bit_order == "lsb_first" else p.container - (s + 1) * bits).astype(np.uint32)
+
+
+def _unpack_rows(words: jax.Array, bits: int, p: Packing, length: int) -> jax.Array:
+    """``words[..., W]`` (uint32) -> codes ``[..., length]`` (int32), per SPEC.md §7."""
+    lead = words.shape[:-1]
+    if length == 0:
+        return jnp.zeros(lead + (0,), jnp.int32)
+    mask = np.uint32((1 << bits) - 1)
+    if p.uses_slots(bits):
+        n = p.slots_per_word(bits)
+        shifts = jnp.asarray(_slot_shifts(p, bits))
+        inv = None if p.slot_order is None else np.argsort(np.asarray(p.slot_order))
+
+        def slots_of(seg: jax.Array) -> jax.Array:  # [..., m] -> [..., m, n] codes by element
+            s = (seg[..., None] >> shifts) & mask
+            return s if inv is None else s[..., inv]
+
+        if p.planes_span is None:
+            w = -(-length // n)
+            return slots_of(words[..., :w]).reshape(lead + (w * n,))[..., :length].astype(jnp.int32)
+        t = p.planes_span
+        m = -(-t // n)
+        full, rest = divmod(length, t)
+        parts = []
+        if full:
+            seg = words[..., : full * m].reshape(lead + (full, m))
+            el = jnp.swapaxes(slots_of(seg), -1, -2).reshape(lead + (full, n * m))[..., :t]
+            parts.append(el.reshape(lead + (full * t,)))
+        if rest:
+            mr = -(-rest // n)
+            seg = words[..., full * m : full * m + mr]
+            parts.append(jnp.swapaxes(slots_of(seg), -1, -2).reshape(lead + (n * mr,))[..., :rest])
+        out = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+        return out.astype(jnp.int32)
+    # stream: the row as a byte stream (little-endian words, or big-endian bytes for msb_first);
+    # a code of b <= 8 bits lies within two consecutive bytes.
+    c = p.container
+    nb = c // 8
+    w = -(-(length * bits) // c)
+    raw = words[..., :w]
+    if p.bit_order == "lsb_first":
+        sh = np.arange(nb, dtype=np.uint32) * 8
+    else:
+        sh = (c - 8 - np.arange(nb, dtype=np.uint32) * 8).astype(np.uint32)
+    by = ((raw[..., None] >> jnp.asarray(sh)) & 0xFF).reshape(lead + (w * nb,))
+    by = jnp.concatenate([by, jnp.zeros(lead + (1,), jnp.uint32)], axis=-1)
+    off = np.arange(length, dtype=np.int64) * bits
+    k0 = jnp.asarray((off // 8).astype(np.int32))
+    r = (off % 8).astype(np.uint32)
+    b0 = jnp.take(by, k0, axis=-1)
+    b1 = jnp.take(by, k0 + 1, axis=-1)
+    if p.bit_order == "lsb_first":
+        u = ((b0 | (b1 << 8)) >> jnp.asarray(r)) & mask
+    else:
+        u = (((b0 << 8) | b1) >> jnp.asarray((16 - r - bits).astype(np.uint32))) & mask
+    return u.astype(jnp.int32)
+
+
+def read_codes(desc: Descriptor, comps: Mapping[str, jax.Array]) -> jax.Array:
+    """The logical code grid (int32, logical shape) of a descriptor."""
+    p = desc.codes.packing
+    bits = desc.codes.element.bits
+    rank = len(desc.shape)
+    order = p.order or tuple(range(rank))
+    sshape, length, _ = codes_shape(desc)
+    words = _bits(comps[desc.codes.tensor]).astype(jnp.uint32)
+    if p.axis is None:
+        codes = _unpack_rows(words.reshape(1, -1), bits, p, length)[0]
+        s = codes.reshape(sshape)
+    else:
+        moved = jnp.moveaxis(words, p.axis, -1)
+        s = jnp.moveaxis(_unpack_rows(moved, bits, p, length), -1, p.axis)
+    return s.transpose(np.argsort(order)) if p.order is not None else s
+
+
+# -- parameters -----------------------------------------------------------------------------
+def _repeat(vals: jax.Array, size: int, axis: int, length: int) -> jax.Array:
+    """Each entry along ``axis`` repeated ``size`` times, cut to ``length`` (static shapes)."""
+    g = vals.shape[axis]
+    v = jnp.expand_dims(vals, axis + 1)
+    shape = list(v.shape)
+    shape[axis + 1] = size
+    v = jnp.broadcast_to(v, shape).reshape(vals.shape[:axis] + (g * size,) + vals.shape[axis + 1 :])
+    return lax.slice_in_dim(v, 0, length, axis=axis)
+
+
+def _expand(vals: jax.Array, prm: Param, shape: tuple[int, ...], comps: Mapping[str, jax.Array]) -> jax.Array:
+    """Grid values ``vals`` (shape G) -> one value per logical element (broadcastable to shape)."""
+    b = prm.blocks
+    if b.type == "flat":
+        return _repeat(vals, int(b.size), 0, math.prod(shape)).reshape(shape)  # type: ignore[arg-type]
+    for a, s in enumerate(b.size):  # type: ignore[arg-type]
+        if b.index is not None and a == b.index.axis:
+            idx = comps[b.index.tensor].astype(jnp.int32)
+            vals = jnp.take(vals, idx, axis=a, mode="clip")  # range checked before decoding
+        elif s is not None:
+            vals = _repeat(vals, s, a, shape[a])
+    return vals
+
+
+def _grid_values(prm: Param, desc: Descriptor, comps: Mapping[str, jax.Array], exact: bool) -> tuple[jax.Array, jax.Array]:
+    """(binary32 values of a parameter over its grid G, ok flag of a nested decode)."""
+    grid = prm.blocks.grid_shape(desc.shape)
+    if prm.encoded is not None:
+        enc = prm.encoded
+        out, ok = decode_traced(enc, comps, exact)
+        return logical_to_f32(out, enc.dtype), ok
+    x = comps[prm.tensor or ""]
+    v = widen_to_f32(x, storage_of(x))
+    stored = tuple(grid[a] for a in prm.order) if prm.order else grid
+    v = v.reshape(stored)
+    return (v.transpose(np.argsort(prm.order)) if prm.order else v), jnp.bool_(True)
+
+
+# -- the whole decode -----------------------------------------------------------------------
+def _element_table(desc: Descriptor, comps: Mapping[str, jax.Array]) -> tuple[jax.Array, int]:
+    el = desc.codes.element
+    if el.type == "codebook" and el.table_tensor is not None:
+        t = comps[el.table_tensor]
+        vals = widen_to_f32(t, storage_of(t)).reshape(-1)
+        n = vals.shape[0]
+        pad = (1 << el.bits) - n
+        if pad:
+            vals = jnp.concatenate([vals, jnp.full((pad,), np.nan, jnp.float32)])
+        return vals, n
+    table, valid = _el.lut(el)
+    return jnp.asarray(table), valid
+
+
+def _opaque(v: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """The divisor at full shape behind an optimization barrier.
+
+    XLA rewrites ``a / broadcast(b)`` and ``a / gather(b)`` into ``a * (1 / b)``: two roundings
+    instead of one (SPEC.md §10.2 forbids it).  A materialized, opaque divisor prevents that.
+    """
+    return lax.optimization_barrier(jnp.broadcast_to(v, shape))
+
+
+def decode_traced(desc: Descriptor, comps: Mapping[str, jax.Array], exact: bool = True) -> tuple[jax.Array, jax.Array]:
+    """(decoded array in the logical dtype, ok flag) for traced or concrete component arrays.
+
+    ``ok`` is False when a code indexes past the end of a codebook table (CODE_OUT_OF_RANGE);
+    the decoded value of such a code is NaN.
+    """
+    shape = desc.shape
+    if math.prod(shape) == 0:
+        return jnp.zeros(shape, _JNP_LOGICAL[desc.dtype]), jnp.bool_(True)
+    codes = read_codes(desc, comps)
+    table, valid = _element_table(desc, comps)
+    ok = jnp.bool_(True)
+    if valid < table.shape[0]:
+        ok = jnp.max(codes) < valid
+    x = jnp.take(table, codes, mode="clip")
+    params = list(desc.params())
+    if exact and params:
+        with _x64():
+            for prm in params:
+                v32, ok_p = _grid_values(prm, desc, comps, exact)
+                ok = ok & ok_p
+                v = _expand(_to_f64(v32), prm, shape, comps)
+                x64 = _to_f64(x)
+                if prm.role == "zero" or prm.op == "subtract":
+                    r = x64 - v
+                elif prm.op == "multiply":
+                    r = x64 * v
+                elif prm.op == "divide":
+                    r = x64 / _opaque(v, shape)
+                else:
+                    r = x64 + v
+                x = _to_f32(jnp.broadcast_to(r, shape))
+    else:
+        for prm in params:
+            v32, ok_p = _grid_values(prm, desc, comps, exact)
+            ok = ok & ok_p
+            v = _expand(v32, prm, shape, comps)
+            if prm.role == "zero" or prm.op == "subtract":
+                x = x - v
+            elif prm.op == "multiply":
+                x = x * v
+            elif prm.op == "divide":
+                x = x / _opaque(v, shape)
+            else:
+                x = x + v
+            x = jnp.broadcast_to(x, shape)
+    return round_to(x, desc.dtype), ok
+
+
+@lru_cache(maxsize=256)
+def jitted(desc_json: str, exact: bool = True, cut: tuple[tuple[int, int], ...] | None = None):  # type: ignore[no-untyped-def]
+    """``jax.jit`` of the decode of one descriptor: components dict -> (array, ok).
+
+    ``cut`` (a static box) returns only that box of the decoded tensor, in the same program.
+    """
+    desc = Descriptor.from_dict(json.loads(desc_json))
+
+    def fn(comps: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        out, ok = decode_traced(desc, comps, exact)
+        if cut is not None:
+            out = out[tuple(slice(lo, hi) for lo, hi in cut)]
+        return out, ok
+
+    return jax.jit(fn)
+
+
+def descriptor_json(desc: Descriptor | Mapping[str, Any]) -> str:
+    d = desc.to_dict() if isinstance(desc, Descriptor) else desc
+    return json.dumps(d, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,230 @@
+"""Loading files into JAX: whole tensors, packed QArrays, or sharded over devices."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+import qformat
+from qformat.descriptor import Descriptor
+from qformat.errors import error
+from qformat.slicing import RecordingSource, aligned_region, describe_alignment, is_aligned, slice_qtensor
+
+from ._decode import descriptor_json, jitted
+from ._qarray import QArray, ShardInfo, _raise_if_bad, host_components, lead_axes_of
+
+ShardingSpec = Any  # a jax.sharding.Sharding, a mapping name -> Sharding, or a callable
+
+
+def _references(desc: Descriptor) -> list[str]:
+    return sorted({name for _, name in desc.references()})
+
+
+def _has_table(desc: Descriptor) -> bool:
+    if desc.codes.element.table_tensor is not None:
+        return True
+    return any(p.encoded is not None and _has_table(p.encoded) for p in desc.params())
+
+
+def _jax_holds(dtype: np.dtype) -> bool:
+    """True when JAX keeps this dtype as is (64-bit types need jax_enable_x64)."""
+    return jax.dtypes.canonicalize_dtype(dtype) == np.dtype(dtype)
+
+
+def _sharding_for(sharding: ShardingSpec, name: str, shape: tuple[int, ...]) -> Any:
+    if sharding is None:
+        return None
+    if isinstance(sharding, jax.sharding.Sharding):
+        return sharding
+    if isinstance(sharding, Mapping):
+        return sharding.get(name)
+    return sharding(name, shape)
+
+
+def _region_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    out = []
+    for s, n in zip(index, shape):
+        lo, hi, _ = s.indices(n)
+        out.append((lo, max(lo, hi)))
+    return tuple(out) + tuple((0, n) for n in shape[len(index) :])
+
+
+def _load_logical(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any, packed: bool, exact: bool,
+                  read_log: list | None) -> Any:
+    desc = f._descriptor(name)
+    src = f._src
+    if shard is None:
+        comps = {n: src.array(n) for n in _references(desc)}
+        q = QArray(desc, jax.device_put(host_components(desc, comps, name), device))
+        if packed:
+            return q.check() if _has_table(desc) else q
+        out, ok = jitted(q._desc_json, exact)(q.components)
+        _raise_if_bad(ok, name)
+        return out
+    if packed:
+        return _load_packed_sharded(f, name, desc, shard)
+    shape = desc.shape
+    pending: dict[tuple, list] = {}
+    for dev, idx in shard.addressable_devices_indices_map(shape).items():
+        pending.setdefault(_region_of(idx, shape), []).append(dev)
+
+    def cb(index: tuple[slice, ...]) -> jax.Array:
+        region = _region_of(index, shape)
+        devs = pending.get(region)
+        dev = devs.pop(0) if devs else None  # callbacks come in the map's device order
+        return load_region(f, name, region, device=dev, exact=exact, read_log=read_log, _desc=desc)
+
+    return jax.make_array_from_callback(shape, shard, cb)
+
+
+def load_region(f: qformat.io.SafeOpen, name: str, region: Any, device: Any = None, exact: bool = True,
+                read_log: list | None = None, _desc: Descriptor | None = None) -> jax.Array:
+    """Decode one box of a logical tensor on ``device``, reading only its aligned blocks.
+
+    The box is widened to the smallest block-aligned box (qformat.slicing.aligned_region); only
+    the packed bytes and parameters of that box are read from the memory map
+    (qformat.slicing.slice_qtensor), put on ``device``, decoded there by the jitted decoder and
+    cut to the box.  With ``read_log`` (a list), one record per call is appended: the tensor,
+    device, box, aligned box and the file byte ranges read (qformat.slicing.Read).
+    """
+    desc = _desc if _desc is not None else f._descriptor(name)
+    region = tuple((int(lo), int(hi)) for lo, hi in region)
+    A = aligned_region(desc, region)
+    src = RecordingSource(f._src) if read_log is not None else f._src
+    sub, comps = slice_qtensor(desc, src, A)
+    sub_desc = Descriptor.from_dict(sub)
+    host = host_components(sub_desc, comps, name)
+    cut = None if A == region else tuple((lo - alo, hi - alo) for (lo, hi), (alo, _) in zip(region, A))
+    out, ok = jitted(descriptor_json(sub), exact, cut)(jax.device_put(host, device))
+    _raise_if_bad(ok, name)
+    if read_log is not None:
+        read_log.append({"tensor": name, "device": device, "region": region, "aligned": A, "reads": list(src.reads)})
+    return out
+
+
+def _load_packed_sharded(f: qformat.io.SafeOpen, name: str, desc: Descriptor, shard: Any) -> QArray:
+    """A QArray whose components are sharded: each device holds only its block, still packed.
+
+    Needs a NamedSharding whose per-device boxes are block-aligned and all cut to the same
+    local descriptor (evenly divided, aligned shards); else SLICE_INVALID.
+    """
+    if not isinstance(shard, jax.sharding.NamedSharding):
+        raise error("SLICE_INVALID", f"packed sharded loading needs a NamedSharding, found {type(shard).__name__}", tensor=name)
+    shape = desc.shape
+    spec = tuple(shard.spec) + (None,) * (len(shape) - len(shard.spec))
+    lead_axes = lead_axes_of(spec)
+    mesh = shard.mesh
+    local_json = None
+    per_device: dict[Any, dict[str, np.ndarray]] = {}
+    for dev, idx in shard.addressable_devices_indices_map(shape).items():
+        region = _region_of(idx, shape)
+        if not is_aligned(desc, region):
+            raise error("SLICE_INVALID", f"device {dev.id}'s box {list(region)} is not block-aligned, so it cannot stay packed: "
+                        + describe_alignment(desc, region) + "; load it decoded (packed=False) or choose a sharding on aligned bounds", tensor=name)
+        sub, comps = slice_qtensor(desc, f._src, region)
+        j = descriptor_json(sub)
+        if local_json is None:
+            local_json = j
+        elif j != local_json:
+            raise error("SLICE_INVALID", "the devices' boxes cut to different local descriptors (uneven shards); load it decoded (packed=False)", tensor=name)
+        per_device[dev] = host_components(Descriptor.from_dict(sub), comps, name)
+    assert local_json is not None
+    lead_shape = tuple(mesh.shape[a] for a in lead_axes)
+    comp_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*lead_axes))
+    names = sorted(next(iter(per_device.values())))
+    leaves = {}
+    for n in names:
+        local_shape = next(iter(per_device.values()))[n].shape
+        arrays = [jax.device_put(np.ascontiguousarray(c[n]).reshape((1,) * len(lead_axes) + local_shape), dev) for dev, c in per_device.items()]
+        leaves[n] = jax.make_array_from_single_device_arrays(lead_shape + local_shape, comp_sharding, arrays)
+    q = QArray(json.loads(local_json), leaves, ShardInfo(shape, mesh, jax.sharding.PartitionSpec(*spec), lead_axes))
+    return q.check() if _has_table(desc) else q
+
+
+def _load_plain(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any) -> Any:
+    arr = f._src.array(name)
+    if not _jax_holds(arr.dtype):
+        return np.array(arr)  # a 64-bit plain tensor without jax_enable_x64: kept exact, in NumPy
+    if shard is None:
+        return jax.device_put(np.array(arr), device)
+    return jax.make_array_from_callback(arr.shape, shard, lambda idx: np.array(arr[idx]))
+
+
+def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, packed: bool = False,
+              device: Any = None, exact: bool = True, read_log: list | None = None) -> dict[str, Any]:
+    """Every tensor of a qformat (or plain safetensors) file as JAX arrays.
+
+    * Quantized tensors are decoded on the device by the jitted jax.numpy decoder, bit-exact
+      with :func:`qformat.load_file` when ``exact`` (the default).
+    * ``packed=True`` returns quantized tensors as :class:`QArray` pytrees instead, kept packed
+      on ``device`` (call ``.dequantize()`` inside ``jax.jit``).  With a ``NamedSharding``
+      whose device boxes are block-aligned and even, each device keeps only its own block,
+      packed, and ``.dequantize()`` decodes every block on its device (``jax.shard_map``)
+      into an array with that sharding; other shardings are SLICE_INVALID.
+    * ``sharding`` (a ``jax.sharding.Sharding`` for every tensor, a mapping name -> Sharding,
+      or a callable ``(name, shape) -> Sharding | None``): each tensor becomes a global
+      ``jax.Array`` built with ``jax.make_array_from_callback``; each device's callback widens
+      its index to the block-aligned box, reads only that box's packed bytes and parameters
+      from the memory map, decodes on that device and cuts its exact index.
+    * Plain tensors are returned as stored; 64-bit ones stay NumPy arrays unless
+      ``jax_enable_x64`` is on (JAX would otherwise narrow them).
+
+    Errors are :class:`qformat.QFormatError` with the core's codes, as for ``qformat.load_file``.
+    """
+    with qformat.safe_open(path) as f:
+        for probs in f.model.tensor_problems.values():
+            if probs:
+                raise probs[0]
+        out: dict[str, Any] = {}
+        for name in f.keys():
+            shape = f.shape(name)
+            shard = _sharding_for(sharding, name, shape)
+            if f.is_quantized(name):
+                out[name] = _load_logical(f, name, shard, device, packed, exact, read_log)
+            else:
+                out[name] = _load_plain(f, name, shard, device)
+        return out
+
+
+def load_checkpoint(path: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
+    """:func:`load_file` for a file, or for a sharded checkpoint given its index.json.
+
+    The index is validated against each shard as :func:`qformat.load_checkpoint` does
+    (INDEX_INVALID, INDEX_MISMATCH); ``kwargs`` go to :func:`load_file`.
+    """
+    from qformat.container import read_header
+    from qformat.index import mismatches, read_index
+    from qformat.io import FileSource
+    from qformat.model import interpret
+
+    path = os.fspath(path)
+    if not path.endswith(".json"):
+        return load_file(path, **kwargs)
+    index = read_index(path)
+    out: dict[str, Any] = {}
+    for shard in index.shards:
+        sp = os.path.join(index.folder, shard)
+        header = read_header(sp)
+        probs = mismatches(index, shard, header, interpret(header, FileSource(sp, header)))
+        if probs:
+            raise probs[0]
+        for name, arr in load_file(sp, **kwargs).items():
+            if name in out:
+                raise error("INDEX_MISMATCH", f"tensor {name!r} appears in more than one shard", tensor=name, field="weight_map")
+            out[name] = arr
+    return out
+
+
+def conformance_reader(path: str) -> dict[str, np.ndarray]:
+    """The in-process conformance protocol: decode with JAX (CPU), NumPy only at the end.
+
+    Returns name -> NumPy array; a refused file or tensor raises :class:`qformat.QFormatError`
+    (its ``code`` is the error code).
+    """
+    tensors = load_checkpoint(path, device=jax.devices("cpu")[0])
+    return {name: np.asarray(a) for name, a in tensors.items()}
+

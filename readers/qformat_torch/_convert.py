@@ -1,0 +1,84 @@
+"""Dtype tables and NumPy <-> torch conversion of raw storage (bytes are reinterpreted, never converted).
+
+torch has no NumPy counterpart for bfloat16 or the float8 types, and only partial support for
+unsigned 16/32/64-bit integers, so every array crosses between the two as the signed integer of
+its width and is then viewed in the target dtype.  Storage dtype names are safetensors' names
+(qformat/tables/dtypes.json).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from qformat import dtypes as _dt
+from qformat.errors import error
+
+#: safetensors storage dtype name -> torch dtype (F4 / F6_* have none: PLAIN_DTYPE_UNSUPPORTED).
+STORAGE_TORCH: dict[str, torch.dtype] = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "U16": torch.uint16, "I16": torch.int16,
+    "U32": torch.uint32, "I32": torch.int32, "U64": torch.uint64, "I64": torch.int64,
+    "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+    "C64": torch.complex64, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu, "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+}
+TORCH_STORAGE: dict[torch.dtype, str] = {v: k for k, v in STORAGE_TORCH.items()}
+
+#: Logical dtype name (descriptor "dtype") -> torch dtype.
+LOGICAL_TORCH: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TORCH_LOGICAL: dict[torch.dtype, str] = {v: k for k, v in LOGICAL_TORCH.items()}
+
+#: Signed integer dtype of each element width (bytes), the lingua franca between NumPy and torch.
+_INT_NP = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+_INT_TORCH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: torch dtypes whose tensors go through .numpy() directly.
+_NUMPY_NATIVE = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                 torch.float16, torch.float32, torch.float64, torch.complex64}
+
+
+def int_view_dtype(nbytes: int) -> torch.dtype:
+    """The signed torch integer dtype of an element width in bytes."""
+    return _INT_TORCH[nbytes]
+
+
+def storage_name(dtype: torch.dtype) -> str:
+    """safetensors dtype name of a torch dtype (SAVE_INVALID when safetensors has none)."""
+    name = TORCH_STORAGE.get(dtype)
+    if name is None:
+        raise error("SAVE_INVALID", f"torch dtype {dtype} has no safetensors dtype")
+    return name
+
+
+def numpy_to_torch(a: np.ndarray, device: Any = "cpu", dtype_name: str | None = None) -> torch.Tensor:
+    """A torch copy of ``a`` (a view of a memory map is read here, only its own bytes), on ``device``.
+
+    ``dtype_name`` is the safetensors dtype of the storage (default: derived from ``a.dtype``).
+    """
+    name = dtype_name or _dt.storage_name(a.dtype)
+    if name is None or name not in STORAGE_TORCH:
+        raise error("PLAIN_DTYPE_UNSUPPORTED", f"array dtype {a.dtype} has no torch dtype")
+    target = STORAGE_TORCH[name]
+    # np.array(copy=True) reads exactly the viewed elements and gives a writable, contiguous array.
+    c = np.array(a, copy=True, order="C")
+    if c.dtype.itemsize == 0 or c.size == 0:
+        return torch.empty(c.shape, dtype=target, device=device)
+    if name == "BOOL":
+        t = torch.from_numpy(c.view(np.uint8)).view(torch.bool)
+    else:
+        t = torch.from_numpy(c.view(_INT_NP[c.dtype.itemsize])).view(target)
+    return t.to(device)
+
+
+def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A NumPy copy of ``t`` in the matching NumPy / ml_dtypes dtype (bfloat16, float8 included)."""
+    t = t.detach().to("cpu").contiguous()
+    if t.dtype in _NUMPY_NATIVE:
+        return t.numpy().copy()
+    name = storage_name(t.dtype)
+    npdt = _dt.storage_numpy(name)
+    assert npdt is not None
+    if t.numel() == 0:
+        return np.zeros(tuple(t.shape), npdt)
+    return t.view(_INT_TORCH[t.element_size()]).numpy().view(npdt).copy()

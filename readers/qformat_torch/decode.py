@@ -1,0 +1,364 @@
+"""The torch decoder: qformat.decode's region logic, in torch ops on the target device.
+
+Regions, the alignment of packed rows, parameter cells, group indices and nested (encoded)
+parameters follow :mod:`qformat.decode` step for step; only the arithmetic moved to torch.
+Every step of SPEC.md's "Decode arithmetic" is its own torch op on binary32 tensors (x - z,
+x * s or x / s, x + b or x - b), each rounded once to nearest-even, never fused, then one
+``.to(dtype)`` (round to nearest even, overflow to Inf) to the logical dtype.  On CPU the result
+is bit-identical to the NumPy reference (tests/readers/test_torch_decode.py proves it with the
+core's hypothesis strategy).
+
+Element values come from the core's tables (:func:`qformat.elements.lut`), copied to the device
+as a 2**bits lookup table; parameters stored as float8 widen through the same tables, so no
+framework cast decides what a code means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from qformat.descriptor import Descriptor, Param, codes_shape
+from qformat.elements import Element, float_lut
+from qformat.elements import lut as element_lut
+from qformat.errors import error
+from qformat.packing import Packing
+
+from ._convert import LOGICAL_TORCH, int_view_dtype
+from .sources import TorchSource
+
+#: Elements decoded per chunk of a full decode (bounds temporaries to a few hundred MB).
+CHUNK_ELEMENTS = 1 << 22
+
+Region = tuple[tuple[int, int], ...]
+
+_F8_FORMATS = {"F8_E4M3": "e4m3fn", "F8_E5M2": "e5m2", "F8_E8M0": "e8m0fnu"}
+
+
+def full_region(shape: Sequence[int]) -> Region:
+    return tuple((0, int(n)) for n in shape)
+
+
+# -- integers of any stored width, as non-negative int32/int64 ------------------------------------
+def as_int(t: torch.Tensor, storage: str) -> torch.Tensor:
+    """Integer values of a stored integer tensor (unsigned ones zero-extended) as int32 / int64."""
+    if storage in ("U16",):
+        return t.view(torch.int16).to(torch.int32) & 0xFFFF
+    if storage in ("U32",):
+        return t.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    if storage in ("U64",):
+        return t.view(torch.int64)
+    if storage in ("U8", "I8", "I16"):
+        return t.to(torch.int32)
+    return t.to(torch.int64)
+
+
+def words_int(t: torch.Tensor, container: int) -> torch.Tensor:
+    """Containers (any dtype of the container's width, bytes reinterpreted) as unsigned integers."""
+    if container == 8:
+        return t.view(torch.uint8)
+    w = t.view(int_view_dtype(container // 8))
+    if container == 32:
+        return w.to(torch.int64) & 0xFFFFFFFF
+    return w.to(torch.int32) & ((1 << container) - 1)
+
+
+def widen(t: torch.Tensor, storage: str) -> torch.Tensor:
+    """Parameter or table values widened exactly to binary32 (SPEC.md, "Parameters")."""
+    if storage == "F32":
+        return t
+    if storage in ("F16", "BF16"):
+        return t.to(torch.float32)
+    if storage in _F8_FORMATS:
+        table = _constant(("f8", _F8_FORMATS[storage]), t.device)
+        return table[t.view(torch.uint8).to(torch.int64)]
+    return as_int(t, storage).to(torch.float32)
+
+
+# -- unpacking -----------------------------------------------------------------------------------
+def raw_words(p: Packing, length: int, bits: int) -> int:
+    """Containers holding ``length`` codes from an aligned start (no row-alignment padding)."""
+    return dataclasses.replace(p, row_alignment=1).words_per_row(length, bits) if length > 0 else 0
+
+
+@lru_cache(maxsize=256)
+def _valid_codes(el: Element) -> int:
+    return element_lut(el)[1]
+
+
+@lru_cache(maxsize=256)
+def _constant(key: tuple, device: torch.device) -> torch.Tensor:
+    """Small constant tables (element LUTs, slot shifts, inverse slot orders) per device, built once."""
+    kind, *rest = key
+    if kind == "lut":
+        return torch.from_numpy(np.array(element_lut(rest[0])[0], np.float32)).to(device)
+    if kind == "f8":
+        return torch.from_numpy(np.array(float_lut(rest[0]), np.float32)).to(device)
+    if kind == "shifts":
+        container, bits, bit_order, dtype = rest
+        n = container // bits
+        s = [i * bits if bit_order == "lsb_first" else container - (i + 1) * bits for i in range(n)]
+        return torch.tensor(s, dtype=dtype, device=device)
+    if kind == "inverse":
+        return torch.from_numpy(np.argsort(np.asarray(rest[0], np.int64))).to(device)
+    raise KeyError(kind)
+
+
+def unpack_rows(words: torch.Tensor, bits: int, p: Packing, length: int) -> torch.Tensor:
+    """Codes ``[..., length]`` (int64) of rows of unsigned containers ``words[..., W]``.
+
+    The port of :func:`qformat.packing.unpack_rows`: only the first words of each row are read,
+    and padding bits never reach a code.
+    """
+    lead = tuple(words.shape[:-1])
+    dev = words.device
+    if length <= 0:
+        return torch.zeros(lead + (0,), dtype=torch.int64, device=dev)
+    mask = (1 << bits) - 1
+    if p.uses_slots(bits):
+        n = p.slots_per_word(bits)
+        if n == 1:  # one code per container (8-bit codes in bytes ...): no slot order, planes are moot
+            shift = 0 if p.bit_order == "lsb_first" else p.container - bits
+            w = words[..., :length]
+            if shift:
+                w = w >> shift
+            return (w & mask if bits < p.container else w).to(torch.int64)
+        shifts = _constant(("shifts", p.container, bits, p.bit_order, words.dtype), dev)
+        inv = None if p.slot_order is None else _constant(("inverse", p.slot_order), dev)
+        if p.planes_span is None:
+            w = -(-length // n)
+            slots = (words[..., :w, None] >> shifts) & mask  # [..., w, n]
+            if inv is not None:
+                slots = slots[..., inv]
+            return slots.reshape(lead + (w * n,))[..., :length].to(torch.int64)
+        t = p.planes_span
+        m = -(-t // n)
+        full, rest = divmod(length, t)
+        parts = []
+        if full:
+            seg = words[..., : full * m].reshape(lead + (full, m))
+            slots = (seg[..., None] >> shifts) & mask  # [..., full, m, n]
+            if inv is not None:
+                slots = slots[..., inv]
+            el = slots.transpose(-1, -2).reshape(lead + (full, n * m))[..., :t]
+            parts.append(el.reshape(lead + (full * t,)))
+        if rest:
+            mr = -(-rest // n)
+            seg = words[..., full * m : full * m + mr]
+            slots = (seg[..., None] >> shifts) & mask  # [..., mr, n]
+            if inv is not None:
+                slots = slots[..., inv]
+            parts.append(slots.transpose(-1, -2).reshape(lead + (n * mr,))[..., :rest])
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        return out.to(torch.int64)
+    # stream: a group of lcm(b, 8) bits holds k whole codes; bytes in stream order.
+    group_bits = bits * 8 // math.gcd(bits, 8)
+    k = group_bits // bits
+    gb = group_bits // 8
+    nb = p.container // 8
+    w = -(-(length * bits) // p.container)
+    raw = words[..., :w]
+    j = torch.arange(nb, device=dev, dtype=raw.dtype)
+    byte_shift = 8 * j if p.bit_order == "lsb_first" else 8 * (nb - 1 - j)
+    by = ((raw[..., None] >> byte_shift) & 0xFF).reshape(lead + (w * nb,)).to(torch.int64)
+    ngroups = -(-length // k)
+    need = ngroups * gb
+    if by.shape[-1] < need:
+        by = torch.cat([by, torch.zeros(lead + (need - by.shape[-1],), dtype=torch.int64, device=dev)], dim=-1)
+    by = by[..., :need].reshape(lead + (ngroups, gb))
+    g = torch.arange(gb, device=dev, dtype=torch.int64)
+    i = torch.arange(k, device=dev, dtype=torch.int64)
+    if p.bit_order == "lsb_first":
+        weights, shifts = 8 * g, i * bits
+    else:
+        weights, shifts = 8 * (gb - 1 - g), group_bits - (i + 1) * bits
+    val = (by << weights).sum(dim=-1)  # disjoint bit fields: the sum is an OR, exact in int64
+    codes = (val[..., None] >> shifts) & mask
+    return codes.reshape(lead + (ngroups * k,))[..., :length]
+
+
+def read_codes(desc: Descriptor, src: TorchSource, region: Region) -> torch.Tensor:
+    """Codes (int64) of ``region``, logical axis order, reading only the words that cover it."""
+    p = desc.codes.packing
+    bits = desc.codes.element.bits
+    rank = len(desc.shape)
+    order = p.order or tuple(range(rank))
+    sreg = tuple(region[a] for a in order)
+    sshape, length, wpr = codes_shape(desc)
+    align = p.element_alignment(bits)
+    name = desc.codes.tensor
+    if p.axis is None:
+        inner = math.prod(sshape[1:]) if rank else 1
+        r0, r1 = sreg[0] if rank else (0, 1)
+        e0, e1 = r0 * inner, r1 * inner
+        e0a = e0 // align * align
+        e1a = min(length, -(-e1 // align) * align)
+        w0 = p.words_for(e0a, bits)
+        nw = raw_words(p, e1a - e0a, bits)
+        flat = src.read(name, shape=(wpr,), box=(slice(w0, w0 + nw),))
+        codes = unpack_rows(words_int(flat, p.container)[None, :], bits, p, e1a - e0a)[0, e0 - e0a : e1 - e0a]
+        if rank == 0:
+            return codes.reshape(())
+        box = codes.reshape((r1 - r0,) + tuple(sshape[1:]))
+        box = box[(slice(None),) + tuple(slice(lo, hi) for lo, hi in sreg[1:])]
+    else:
+        ax = p.axis
+        e0, e1 = sreg[ax]
+        e0a = e0 // align * align
+        e1a = min(length, -(-e1 // align) * align)
+        w0 = p.words_for(e0a, bits)
+        nw = raw_words(p, e1a - e0a, bits)
+        idx = tuple(slice(lo, hi) if a != ax else slice(w0, w0 + nw) for a, (lo, hi) in enumerate(sreg))
+        sub = torch.movedim(words_int(src.read(name, box=idx), p.container), ax, -1)
+        codes = unpack_rows(sub, bits, p, e1a - e0a)[..., e0 - e0a : e1 - e0a]
+        box = torch.movedim(codes, -1, ax)
+    if p.order is not None:
+        box = box.permute(tuple(int(i) for i in np.argsort(order)))
+    return box
+
+
+def element_table(desc: Descriptor, src: TorchSource) -> tuple[torch.Tensor, int]:
+    """(2**bits binary32 lookup table on the device, number of valid codes)."""
+    el = desc.codes.element
+    if el.type == "codebook" and el.table_tensor is not None:
+        info = src.info(el.table_tensor)
+        assert info is not None
+        values = widen(src.read(el.table_tensor), info.dtype).reshape(-1)
+        n = 1 << el.bits
+        table = torch.full((n,), float("nan"), dtype=torch.float32, device=src.device)
+        table[: values.numel()] = values
+        return table, int(values.numel())
+    return _constant(("lut", el), src.device), _valid_codes(el)
+
+
+# -- parameters ------------------------------------------------------------------------------------
+def _axis_cells(prm: Param, src: TorchSource, region: Region) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
+    """Per logical axis: the parameter-grid coordinate of each region position, and their range."""
+    b = prm.blocks
+    dev = src.device
+    cells, box = [], []
+    for a, (lo, hi) in enumerate(region):
+        if b.index is not None and a == b.index.axis:
+            info = src.info(b.index.tensor)
+            assert info is not None
+            g = as_int(src.read(b.index.tensor, box=(slice(lo, hi),)), info.dtype).to(torch.int64)
+            bad = (g < 0) | (g >= b.index.count)
+            if bool(bad.any()):
+                i = int(torch.nonzero(bad)[0, 0])
+                raise error("GROUP_INDEX_RANGE", f"group index at position {lo + i} is {int(g[i])}, expected 0..{b.index.count - 1}",
+                            field=f"{prm.role}.blocks.index.tensor")
+            cells.append(g)
+            box.append((int(g.min()), int(g.max()) + 1) if g.numel() else (0, 0))
+        else:
+            s = b.size[a]  # type: ignore[index]
+            if hi <= lo:
+                cells.append(torch.zeros(0, dtype=torch.int64, device=dev))
+                box.append((0, 0))
+            elif s is None:
+                cells.append(torch.zeros(1, dtype=torch.int64, device=dev))
+                box.append((0, 1))
+            else:
+                cells.append(torch.arange(lo, hi, device=dev, dtype=torch.int64) // s)
+                box.append((lo // s, (hi - 1) // s + 1))
+    return cells, box
+
+
+def param_values(prm: Param, desc: Descriptor, src: TorchSource, region: Region, depth: int = 0) -> torch.Tensor:
+    """Parameter values (binary32) broadcastable against the region's shape."""
+    grid = prm.blocks.grid_shape(desc.shape)
+    rank = len(desc.shape)
+    dev = src.device
+    if prm.blocks.type == "flat":
+        shape = desc.shape
+        strides = [math.prod(shape[a + 1 :]) for a in range(rank)]
+        size = int(prm.blocks.size)  # type: ignore[arg-type]
+        if any(hi <= lo for lo, hi in region):
+            return torch.zeros(tuple(hi - lo for lo, hi in region), dtype=torch.float32, device=dev)
+        flat = torch.zeros([1] * rank, dtype=torch.int64, device=dev)
+        for a, (lo, hi) in enumerate(region):
+            v = torch.arange(lo, hi, device=dev, dtype=torch.int64) * strides[a]
+            flat = flat + v.reshape([-1 if i == a else 1 for i in range(rank)])
+        c0 = sum(lo * st for (lo, _), st in zip(region, strides)) // size
+        c1 = sum((hi - 1) * st for (_, hi), st in zip(region, strides)) // size + 1
+        vals = _grid_box(prm, src, ((c0, c1),), grid, depth)
+        return vals[flat // size - c0]
+    cells, box = _axis_cells(prm, src, region)
+    vals = _grid_box(prm, src, tuple(box), grid, depth)
+    if not cells:
+        return vals
+    ix = tuple((c - lo).reshape([-1 if i == a else 1 for i in range(rank)]) for a, (c, (lo, _)) in enumerate(zip(cells, box)))
+    return vals[ix]
+
+
+def _grid_box(prm: Param, src: TorchSource, box: Region, grid: tuple[int, ...], depth: int) -> torch.Tensor:
+    """Binary32 values of the parameter grid cells in ``box``."""
+    if prm.encoded is not None:
+        enc = prm.encoded
+        return round_to(decode_region(enc, src, box, depth + 1), enc.dtype).to(torch.float32)
+    name = prm.tensor or ""
+    info = src.info(name)
+    assert info is not None
+    if prm.order:
+        stored = tuple(grid[a] for a in prm.order)
+        sbox = tuple(slice(*box[a]) for a in prm.order)
+        t = src.read(name, shape=stored, box=sbox).permute(tuple(int(i) for i in np.argsort(prm.order)))
+    else:
+        t = src.read(name, shape=grid, box=tuple(slice(lo, hi) for lo, hi in box))
+    return widen(t, info.dtype)
+
+
+# -- decoding ----------------------------------------------------------------------------------------
+def decode_region(desc: Descriptor, src: TorchSource, region: Region, depth: int = 0, tensor: str | None = None) -> torch.Tensor:
+    """Decode ``region`` to binary32 (before the cast to the logical dtype)."""
+    codes = read_codes(desc, src, region)
+    table, valid = element_table(desc, src)
+    if valid < table.numel() and codes.numel() and int(codes.max()) >= valid:
+        raise error("CODE_OUT_OF_RANGE", f"code {int(codes.max())} is past the end of a {valid}-entry codebook", tensor=tensor, field="codes.tensor")
+    x = table[codes]
+    # One op per step: torch's elementwise kernels never contract these into a fused multiply-add.
+    for prm in desc.params():
+        v = param_values(prm, desc, src, region, depth)
+        if prm.role == "zero":
+            x = torch.sub(x, v)
+        elif prm.op == "multiply":
+            x = torch.mul(x, v)
+        elif prm.op == "divide":
+            x = torch.div(x, v)
+        elif prm.op == "add":
+            x = torch.add(x, v)
+        else:
+            x = torch.sub(x, v)
+    return x
+
+
+def round_to(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Binary32 values to a logical dtype: round to nearest even, overflow to Inf."""
+    return x if dtype == "float32" else x.to(LOGICAL_TORCH[dtype])
+
+
+def decode(desc: Descriptor, src: TorchSource, region: Region | None = None, tensor: str | None = None) -> torch.Tensor:
+    """Decode ``region`` (default: everything) to the logical dtype, chunk by chunk along axis 0."""
+    if region is None:
+        region = full_region(desc.shape)
+    out_shape = tuple(hi - lo for lo, hi in region)
+    dt = LOGICAL_TORCH[desc.dtype]
+    if any(n == 0 for n in out_shape):
+        return torch.empty(out_shape, dtype=dt, device=src.device)
+    if not region:
+        return round_to(decode_region(desc, src, region, tensor=tensor), desc.dtype).reshape(())
+    lo0, hi0 = region[0]
+    row = max(1, math.prod(out_shape[1:]))
+    step = max(1, CHUNK_ELEMENTS // row)
+    if hi0 - lo0 <= step:
+        return round_to(decode_region(desc, src, region, tensor=tensor), desc.dtype).reshape(out_shape)
+    out = torch.empty(out_shape, dtype=dt, device=src.device)
+    for start in range(lo0, hi0, step):
+        stop = min(hi0, start + step)
+        sub = ((start, stop),) + tuple(region[1:])
+        out[start - lo0 : stop - lo0] = round_to(decode_region(desc, src, sub, tensor=tensor), desc.dtype)
+    return out
