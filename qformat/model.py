@@ -143,7 +143,8 @@ def interpret(header: Header, src: Source) -> FileModel:
                 m.tensor_problems.setdefault(owner, []).append(
                     error("COMPONENT_CLAIMED_TWICE", f"component {comp!r} is referenced {len(owners)} times (by {sorted(owners)})", tensor=owner))
                 m.descriptors.pop(owner, None)
-        m.components[comp] = owners[0]
+        if comp in header.entries:  # a reference to no stored tensor is COMPONENT_MISSING, not a claim
+            m.components[comp] = owners[0]
     for name in m.raw:
         owner = m.components.get(name)
         if name in header.entries and owner is None and name not in m.tensor_problems:
