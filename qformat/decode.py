@@ -160,16 +160,7 @@ def decode_region(desc: Descriptor, src: Source, region: Region, depth: int = 0,
     with np.errstate(all="ignore"):
         for prm in desc.params():
             v = param_values(prm, desc, src, region, depth)
-            if prm.role == "zero":
-                np.subtract(x, v, out=x)
-            elif prm.op == "multiply":
-                np.multiply(x, v, out=x)
-            elif prm.op == "divide":
-                np.divide(x, v, out=x)
-            elif prm.op == "add":
-                np.add(x, v, out=x)
-            else:
-                np.subtract(x, v, out=x)
+            getattr(np, prm.arith)(x, v, out=x)  # np.subtract / multiply / divide / add
     return x
 
 

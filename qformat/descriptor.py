@@ -107,6 +107,12 @@ class Param:
             encoded=None if enc is None else Descriptor.from_dict(enc),
         )
 
+    @property
+    def arith(self) -> str:
+        """The binary32 operation this parameter applies (SPEC.md §10.2), named as in NumPy,
+        torch and jax.numpy: ``subtract`` for a zero point, else the parameter's ``op``."""
+        return "subtract" if self.role == "zero" else str(self.op)
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"blocks": self.blocks.to_dict()}
         if self.op is not None:

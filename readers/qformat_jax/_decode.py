@@ -330,30 +330,18 @@ def decode_traced(desc: Descriptor, comps: Mapping[str, jax.Array], exact: bool 
                 v32, ok_p = _grid_values(prm, desc, comps, exact)
                 ok = ok & ok_p
                 v = _expand(_to_f64(v32), prm, shape, comps)
-                x64 = _to_f64(x)
-                if prm.role == "zero" or prm.op == "subtract":
-                    r = x64 - v
-                elif prm.op == "multiply":
-                    r = x64 * v
-                elif prm.op == "divide":
-                    r = x64 / _opaque(v, shape)
-                else:
-                    r = x64 + v
+                if prm.arith == "divide":
+                    v = _opaque(v, shape)
+                r = getattr(jnp, prm.arith)(_to_f64(x), v)
                 x = _to_f32(jnp.broadcast_to(r, shape))
     else:
         for prm in params:
             v32, ok_p = _grid_values(prm, desc, comps, exact)
             ok = ok & ok_p
             v = _expand(v32, prm, shape, comps)
-            if prm.role == "zero" or prm.op == "subtract":
-                x = x - v
-            elif prm.op == "multiply":
-                x = x * v
-            elif prm.op == "divide":
-                x = x / _opaque(v, shape)
-            else:
-                x = x + v
-            x = jnp.broadcast_to(x, shape)
+            if prm.arith == "divide":
+                v = _opaque(v, shape)
+            x = jnp.broadcast_to(getattr(jnp, prm.arith)(x, v), shape)
     return round_to(x, desc.dtype), ok
 
 

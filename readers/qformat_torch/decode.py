@@ -323,16 +323,7 @@ def decode_region(desc: Descriptor, src: TorchSource, region: Region, depth: int
     # One op per step: torch's elementwise kernels never contract these into a fused multiply-add.
     for prm in desc.params():
         v = param_values(prm, desc, src, region, depth)
-        if prm.role == "zero":
-            x = torch.sub(x, v)
-        elif prm.op == "multiply":
-            x = torch.mul(x, v)
-        elif prm.op == "divide":
-            x = torch.div(x, v)
-        elif prm.op == "add":
-            x = torch.add(x, v)
-        else:
-            x = torch.sub(x, v)
+        x = getattr(torch, prm.arith)(x, v)  # torch.subtract / multiply / divide / add
     return x
 
 
