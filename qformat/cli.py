@@ -26,6 +26,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("paths", nargs="+", metavar="PATH")
     c.add_argument("--json", action="store_true", help="print one JSON report instead of text")
     c.add_argument("--header-only", action="store_true", help="skip payload checks (padding, parameter values, indices)")
+    cv = sub.add_parser("convert", help="convert an existing quantized checkpoint (GPTQ, AWQ, GGUF, ...) into qformat")
+    cv.add_argument("src", metavar="SRC", nargs="?", help="a safetensors file, a folder, a *.safetensors.index.json or a .gguf file")
+    cv.add_argument("dst", metavar="DST", nargs="?", help="the output: a file for a single-file source, else a folder")
+    cv.add_argument("--from", dest="from_format", metavar="FORMAT", help="the source format (default: detected); see --list")
+    cv.add_argument("--repack", action="store_true", help="rewrite into qformat's canonical layout instead of describing the source's bytes in place")
+    cv.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    cv.add_argument("--quiet", action="store_true", help="no progress bar")
+    cv.add_argument("--list", action="store_true", help="list the source formats and exit")
     conf = sub.add_parser("conformance", help="run the conformance corpus against a reader")
     csub = conf.add_subparsers(dest="conf_command", metavar="SUBCOMMAND", required=True)
     r = csub.add_parser("run", help="run the corpus against a reader (one JSON line per case, then a summary)")
@@ -63,6 +71,30 @@ def _print_text(report: Report) -> None:
             print(f"{p.file}: {p.code}{where}: {p.message}")
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from . import convert as cv
+    from .errors import QFormatError
+
+    if args.list:
+        for name in cv.formats():
+            print(f"{name:20s} {cv.get(name).title}")
+        return 0
+    if not args.src or not args.dst:
+        print("qformat: error: convert needs SRC and DST (or --list)", file=sys.stderr)
+        return 2
+    try:
+        s = cv.convert(args.src, args.dst, from_format=args.from_format, repack=args.repack,
+                       overwrite=args.overwrite, progress=None if args.quiet else sys.stderr)
+    except QFormatError as e:
+        print(f"qformat: {e}", file=sys.stderr)
+        return 2 if e.category == "usage" else 1
+    except Exception as e:  # never a traceback
+        print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 3
+    print(f"{args.dst}: wrote {s.logical} quantized tensors, {s.stored} stored tensors, {s.bytes / 1e6:,.1f} MB in {len(s.files)} file(s)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "conformance":
@@ -73,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as e:  # never a traceback
             print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
             return 3
+    if args.command == "convert":
+        return _convert(args)
     if args.command != "check":
         _parser().print_help()
         return 2

@@ -1,0 +1,16 @@
+"""Source ``compressed-tensors``: placeholder until its converter lands (issue 5); it detects nothing."""
+
+from __future__ import annotations
+
+from .base import Checkpoint, Converter, Described, unsupported
+
+
+class CompressedTensors(Converter):
+    name = "compressed-tensors"
+    title = "compressed-tensors (not yet implemented)"
+
+    def detect(self, ck: Checkpoint) -> bool:
+        return False
+
+    def describe(self, ck: Checkpoint) -> Described:
+        raise unsupported("the compressed-tensors converter is not implemented yet")

@@ -1,0 +1,16 @@
+"""Source ``mlx``: placeholder until its converter lands (issue 5); it detects nothing."""
+
+from __future__ import annotations
+
+from .base import Checkpoint, Converter, Described, unsupported
+
+
+class MLX(Converter):
+    name = "mlx"
+    title = "mlx (not yet implemented)"
+
+    def detect(self, ck: Checkpoint) -> bool:
+        return False
+
+    def describe(self, ck: Checkpoint) -> Described:
+        raise unsupported("the mlx converter is not implemented yet")
