@@ -27,7 +27,7 @@ from qformat import tables
 from qformat.atomic import atomic_write
 
 #: Names of the generated sections, in the order they appear in SPEC.md.
-SECTION_NAMES = ("dtypes", "float_formats", "codebooks", "layouts", "limits", "errors", "schemes")
+SECTION_NAMES = ("dtypes", "float_formats", "codebooks", "layouts", "limits", "errors", "schemes", "mapping")
 
 #: Default location of the specification: the repository root, next to the package.
 SPEC_PATH = Path(__file__).resolve().parent.parent / "SPEC.md"
@@ -150,7 +150,31 @@ _RENDERERS: dict[str, Callable[[], str]] = {
     "layouts": _render_layouts,
     "limits": _render_limits,
     "schemes": _render_schemes,
+    "mapping": lambda: _render_mapping(),
 }
+
+#: The per-source mapping texts (Appendix C), one Markdown file per converter, beside the code.
+MAPPING_DIR = Path(__file__).resolve().parent / "convert" / "mapping"
+
+
+def _render_mapping() -> str:
+    """Appendix C: each converter's mapping file, in registry order, numbered C.1, C.2, ..."""
+    from qformat.convert.registry import REGISTRY
+
+    parts = []
+    n = 0
+    for name in REGISTRY:
+        f = MAPPING_DIR / f"{name}.md"
+        if not f.is_file():
+            continue
+        n += 1
+        text = f.read_text(encoding="utf-8").strip()
+        lines = text.splitlines()
+        if not lines or not lines[0].startswith("### "):
+            raise ValueError(f"{f} must start with a '### Title' line")
+        lines[0] = f"### C.{n} {lines[0][4:].strip()}"
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def generated_sections() -> dict[str, str]:

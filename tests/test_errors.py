@@ -767,7 +767,51 @@ def _slice(expr: Callable[[Any], Any]) -> Callable[[Path, Path], Any]:
     return call
 
 
+def _convert(src: Callable[[Path, Path], Path], dst: str = "out.safetensors", **kw: Any) -> Callable[[Path, Path], Any]:
+    from qformat.convert import convert
+
+    def call(tmp: Path, valid: Path) -> Any:
+        return convert(src(tmp, valid), tmp / dst, **kw)
+    return call
+
+
+def _convert_onto_itself(tmp: Path, valid: Path) -> Any:
+    from qformat.convert import convert
+
+    return convert(valid, valid, overwrite=True)
+
+
+def _plain_file(tmp: Path, valid: Path) -> Path:
+    p = tmp / "plain.safetensors"
+    _save(tmp, {"x": X})  # writes tmp / "out.safetensors"
+    os.replace(tmp / "out.safetensors", p)
+    return p
+
+
+def _index_missing_shard(tmp: Path, valid: Path) -> Path:
+    p = tmp / "model.safetensors.index.json"
+    p.write_text('{"weight_map": {"w": "absent.safetensors"}}')
+    return p
+
+
+def _gguf_unknown_type(tmp: Path, valid: Path) -> Path:
+    # GGUF v3 with one tensor of ggml type 16 (IQ2_XXS), which the converter does not handle.
+    name = b"w"
+    body = struct.pack("<4sIQQ", b"GGUF", 3, 1, 0)
+    body += struct.pack("<Q", len(name)) + name + struct.pack("<I", 2) + struct.pack("<QQ", 256, 1)
+    body += struct.pack("<IQ", 16, 0)
+    body += b"\0" * (-len(body) % 32) + b"\0" * 66
+    p = tmp / "iq.gguf"
+    p.write_bytes(body)
+    return p
+
+
 USAGE_CASES = [
+    U("CONVERT_FORMAT_UNKNOWN", "plain-safetensors", _convert(_plain_file)),
+    U("CONVERT_FORMAT_UNKNOWN", "unknown-from", _convert(lambda tmp, v: v, from_format="no-such-format")),
+    U("CONVERT_SOURCE_INVALID", "index-names-missing-shard", _convert(_index_missing_shard, dst="out")),
+    U("CONVERT_UNSUPPORTED", "gguf-type-not-handled", _convert(_gguf_unknown_type)),
+    U("CONVERT_DESTINATION_INVALID", "destination-is-source", _convert_onto_itself),
     U("FILE_UNREADABLE", "load-missing", lambda tmp, v: qformat.load_file(tmp / "missing.safetensors")),
     U("FILE_UNREADABLE", "open-missing", lambda tmp, v: qformat.safe_open(tmp / "missing.safetensors")),
     U("FILE_UNREADABLE", "load-folder", lambda tmp, v: qformat.load_file(tmp)),

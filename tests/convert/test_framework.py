@@ -1,0 +1,215 @@
+"""The conversion machinery shared by every source format: canonical repacking, placement in
+shards, destinations, atomicity, progress and the command line.
+
+The repack test runs over every valid case of the conformance corpus, so each packing and
+parameter feature of the spec (orders, slot orders, planes, streams, row alignment, flat and
+grid blocks, group indexes, nested parameters, in-file codebooks) is rewritten canonically
+and must decode to the corpus' frozen expected values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import qformat
+from qformat.conformance import compare
+from qformat.convert import Checkpoint, convert, describe, formats, get
+from qformat.errors import QFormatError
+
+from .helpers import assert_converts, bits_equal
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "conformance" / "v1"
+MANIFEST = json.loads((CORPUS / "manifest.json").read_text())
+VALID = [c for c in MANIFEST["cases"] if c["expect"] == "valid" and c["input"].endswith(".safetensors")]
+
+
+def _x(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _source(tmp: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    x = _x((24, 96))
+    p = tmp / "src.safetensors"
+    qformat.save_file({"a": qformat.quantize(x, "int", bits=3, group_size=32),
+                       "b": qformat.quantize(x, "nf4", double_quant=True),
+                       "c": qformat.quantize(x, "mxfp4"),
+                       "plain": x[:2]}, p, metadata={"who": "test"})
+    return p, qformat.load_file(p)
+
+
+def test_registry_ids_are_the_converters_names():
+    for name in formats():
+        assert get(name).name == name
+
+
+@pytest.mark.parametrize("case", VALID, ids=[c["id"] for c in VALID])
+def test_repack_every_valid_corpus_case(case, tmp_path):
+    src = CORPUS / case["input"]
+    expected = qformat.load_file(CORPUS / case["expected"]["path"])
+    with qformat.safe_open(src) as f:
+        refused = any(f.model.tensor_problems.values())
+    dst = tmp_path / "out.safetensors"
+    if refused:
+        # A tensor the reader refuses cannot be described; the converter says so, writes nothing.
+        with pytest.raises(QFormatError) as e:
+            convert(src, dst, from_format="qformat", repack=True)
+        assert e.value.code == "CONVERT_SOURCE_INVALID"
+        assert not dst.exists()
+        return
+    convert(src, dst, from_format="qformat", repack=True)
+    # Payload findings of the source (a NaN scale, say) carry over; nothing new may appear,
+    # and non-zero padding disappears (the canonical packing writes zero padding).
+    before = {(p.code, p.tensor) for f in qformat.check([src]).files for p in f.problems}
+    after = {(p.code, p.tensor) for f in qformat.check([dst]).files for p in f.problems}
+    assert after <= before - {(c, t) for c, t in before if c == "PADDING_NONZERO"}, (before, after)
+    got = qformat.load_file(dst)
+    diff = compare(expected, got)
+    assert diff is None, diff
+    with qformat.safe_open(dst) as f:
+        for name in f.keys():
+            d = f.descriptor(name) if name in f.model.descriptors else None
+            if d is not None:
+                assert d["codes"]["packing"] == {"container": 8, "bit_order": "lsb_first", "axis": len(d["shape"]) - 1 if d["shape"] else None}
+
+
+def test_qformat_source_in_place_and_repacked(tmp_path):
+    src, expected = _source(tmp_path)
+    out = assert_converts(src, {k: v for k, v in expected.items() if k != "plain"}, tmp_path, detect_as="qformat")
+    with qformat.safe_open(out["in_place"]) as f:
+        assert f.metadata()["who"] == "test"  # user metadata carried over
+
+
+def _sharded(tmp: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    folder = tmp / "sharded"
+    folder.mkdir()
+    x = _x((16, 64), 1)
+    qformat.save_file({"a": qformat.quantize(x, "int", bits=4, group_size=32), "p1": x[:1]}, folder / "m-1.safetensors")
+    qformat.save_file({"b": qformat.quantize(x, "nf4"), "p2": x[:2]}, folder / "m-2.safetensors")
+    wm = {}
+    for f in ("m-1.safetensors", "m-2.safetensors"):
+        with qformat.safe_open(folder / f) as h:
+            for n in h.header.entries:
+                wm[n] = f
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": wm}))
+    (folder / "config.json").write_text('{"model_type": "test"}')
+    exp = qformat.load_file(folder / "m-1.safetensors") | qformat.load_file(folder / "m-2.safetensors")
+    return folder, exp
+
+
+@pytest.mark.parametrize("how", ["folder", "index"])
+def test_sharded_source_gives_sharded_output(how, tmp_path):
+    folder, exp = _sharded(tmp_path)
+    src = folder if how == "folder" else folder / "model.safetensors.index.json"
+    out = assert_converts(src, exp, tmp_path)
+    for mode, dst in out.items():
+        assert sorted(os.listdir(dst)) == ["config.json", "m-1.safetensors", "m-2.safetensors", "model.safetensors.index.json"]
+        idx = json.loads((dst / "model.safetensors.index.json").read_text())
+        assert idx["weight_map"]["a"] == "m-1.safetensors" and idx["weight_map"]["b"] == "m-2.safetensors"
+        assert (dst / "config.json").read_text() == '{"model_type": "test"}'
+        rep = qformat.check([dst / "model.safetensors.index.json"])
+        assert rep.ok, rep.to_dict()
+        got = qformat.load_checkpoint(dst / "model.safetensors.index.json")
+        for k, v in exp.items():
+            assert bits_equal(got[k], v)[0], k
+
+
+def test_components_follow_their_codes_into_one_shard(tmp_path):
+    """A source whose scale sits in another shard than its codes: the output moves the scale."""
+    folder = tmp_path / "split"
+    folder.mkdir()
+    x = _x((8, 64), 2)
+    qt = qformat.quantize(x, "int", bits=4, group_size=32)
+    comps = qt.components
+    desc = qt.descriptor
+    desc["codes"]["tensor"], desc["scale"]["tensor"] = "w.codes", "w.scale"
+    from qformat.container import write_file
+
+    meta = {"qformat": json.dumps({"version": "1.0", "tensors": {"w": desc}})}
+    write_file(folder / "a.safetensors", {"w.codes": comps["codes"]}, meta)
+    write_file(folder / "b.safetensors", {"w.scale": comps["scale"]}, None)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w.codes": "a.safetensors", "w.scale": "b.safetensors"}}))
+    # The qformat source reads descriptors per file; the scale lives elsewhere, so describe it as one checkpoint.
+    ck = Checkpoint(folder)
+    assert ck.file_of("w.scale") == "b.safetensors"
+    dst = tmp_path / "out"
+    convert(folder, dst, from_format="qformat")
+    idx = json.loads((dst / "model.safetensors.index.json").read_text())
+    assert idx["weight_map"]["w.scale"] == "a.safetensors"
+    assert bits_equal(qformat.load_checkpoint(dst / "model.safetensors.index.json")["w"], qt.dequantize())[0]
+
+
+def test_destination_rules(tmp_path):
+    src, _ = _source(tmp_path)
+    dst = tmp_path / "o.safetensors"
+    convert(src, dst)
+    with pytest.raises(QFormatError) as e:
+        convert(src, dst)
+    assert e.value.code == "CONVERT_DESTINATION_INVALID" and "--overwrite" in str(e.value)
+    convert(src, dst, overwrite=True, repack=True)
+    with pytest.raises(QFormatError) as e:
+        convert(src, src, overwrite=True)
+    assert e.value.code == "CONVERT_DESTINATION_INVALID"
+    with pytest.raises(QFormatError) as e:
+        convert(src, tmp_path / "missing-folder" / "x.safetensors")
+    assert e.value.code == "CONVERT_DESTINATION_INVALID"
+
+
+def test_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
+    folder, _ = _sharded(tmp_path)
+    from qformat.convert import writer
+
+    calls = []
+    real = writer.write_file
+
+    def flaky(path, arrays, meta):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError("disk full (simulated)")
+        return real(path, arrays, meta)
+
+    monkeypatch.setattr(writer, "write_file", flaky)
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(OSError):
+        convert(folder, tmp_path / "out")
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_unknown_format_and_unknown_from(tmp_path):
+    p = tmp_path / "plain.safetensors"
+    qformat.save_file({"x": _x((2, 2))}, p)
+    with pytest.raises(QFormatError) as e:
+        describe(p)
+    assert e.value.code == "CONVERT_FORMAT_UNKNOWN"
+    with pytest.raises(QFormatError) as e:
+        describe(p, from_format="no-such-format")
+    assert e.value.code == "CONVERT_FORMAT_UNKNOWN"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qformat", "convert", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_convert_progress_and_errors(tmp_path):
+    folder, exp = _sharded(tmp_path)
+    r = _cli(str(folder), str(tmp_path / "out"), "--repack")
+    assert r.returncode == 0, r.stderr
+    assert "2/2 files" in r.stderr and "[" in r.stderr  # the progress bar, one line per file off a tty
+    assert "wrote 2 quantized tensors" in r.stdout
+    r = _cli(str(folder), str(tmp_path / "out"))
+    assert r.returncode == 2 and "CONVERT_DESTINATION_INVALID" in r.stderr and "Traceback" not in r.stderr
+    r = _cli(str(tmp_path / "nothing-here"), str(tmp_path / "o2"))
+    assert r.returncode == 2 and "FILE_UNREADABLE" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x01\x00")
+    r = _cli(str(bad), str(tmp_path / "o3.safetensors"), "--from", "qformat")
+    assert r.returncode == 1 and "HEADER_TOO_SMALL" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("--list")
+    assert r.returncode == 0 and "gguf" in r.stdout and "gptq" in r.stdout
