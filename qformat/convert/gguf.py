@@ -1,16 +1,342 @@
-"""Source ``gguf``: placeholder until its converter lands (issue 5); it detects nothing."""
+"""Source ``gguf``: GGUF files (llama.cpp / ggml) into qformat files, bit-exact with gguf-py.
+
+GGUF is not safetensors, so nothing can be described in place: every quantized tensor is split
+into canonical components (SPEC.md Appendix C.1): its codes, unpacked from the blocks
+(reassembling codes whose bits the block splits over several arrays) and packed into ``U8``
+rows along the last axis; its block scales and minimums as plain ``F16`` parameters; and for
+the K-quants, the 4/6/8-bit sub-block scales and minimums as nested (``encoded``) parameters
+whose own scale is the super-block ``d`` / ``dmin``.  Both conversion modes write the same
+components.  F32, F16, BF16, F64 and integer tensors are written as plain tensors.
+
+The descriptors reproduce gguf-py's ``gguf.quants.dequantize`` (binary32, one rounding per
+operation, in its order) bit for bit:
+
+==========  ==========================  ===============================================
+type        gguf-py                     qformat (x = element value of the code)
+==========  ==========================  ===============================================
+Q4_0, Q5_0  ``d * (q - 8|16)``          offset_binary codes; scale ``d``
+Q4_1, Q5_1  ``d * q + m``               unsigned codes; scale ``d``; bias add ``m``
+Q8_0        ``q * d``                   twos_complement codes; scale ``d``
+Q2_K        ``(d*sc) * q - dmin*m``     scale encoded ``sc * d``; bias subtract ``m * dmin``
+Q3_K        ``(d*(sc-32)) * q``         offset_binary 3-bit codes; scale encoded 6-bit offset_binary ``sc * d``
+Q4_K, Q5_K  ``(d*sc) * q - dmin*m``     as Q2_K with 6-bit sc/m per 32
+Q6_K        ``(d*sc) * (q - 32)``       offset_binary 6-bit codes; scale encoded int8 ``sc * d``
+MXFP4       ``2^(e-128) * 2v``          codebook (E2M1 with +0 at code 8); F8_E8M0 scale ``2^(e-127)``
+==========  ==========================  ===============================================
+
+Multiplication is commutative in IEEE 754 (``d*sc`` and ``sc*d`` round alike), and for MXFP4
+both sides are the exact product of a power of two and an E2M1 value rounded once.  Two MXFP4
+details need care: gguf-py maps code 8 to ``+0.0`` (E2M1's ``-0``), so the element is an
+in-file codebook rather than ``e2m1fn``; and ggml reads exponent byte 255 as ``2^127`` where
+qformat's ``e8m0fnu`` reads NaN, so a tensor with a 255 exponent takes its scale from a
+256-entry in-file table of ggml's values instead (``_mxfp4``).
+
+The GGUF key/value metadata goes to ``__metadata__["gguf"]`` as JSON (``_metadata``); values
+whose JSON exceeds :data:`MAX_INLINE_VALUE_BYTES` (tokenizer vocabularies, merges) are stored
+as ``U8`` plain tensors ``gguf.kv.<key>`` holding that JSON, so the file stays self-contained
+while its header stays small.
+"""
 
 from __future__ import annotations
 
-from .base import Checkpoint, Converter, Described, unsupported
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..schemes._common import codes_entry, pack
+from .base import Checkpoint, Converter, Described, source_error, unsupported
+from .gguf_file import GGML_TYPES, KV, GGUFFile, TensorInfo
+
+#: A metadata value whose JSON is longer than this is moved into a ``gguf.kv.<key>`` tensor.
+MAX_INLINE_VALUE_BYTES = 64 << 10
+#: The ``gguf`` metadata member is kept below this by moving the largest values into tensors.
+MAX_METADATA_BYTES = 4 << 20
+METADATA_KEY = "gguf"
+KV_TENSOR_PREFIX = "gguf.kv."
+
+#: ggml types stored as plain tensors: id -> NumPy dtype of their elements (little-endian).
+PLAIN: dict[int, Any] = {
+    0: np.dtype("<f4"), 1: np.dtype("<f2"), 30: np.dtype(ml_dtypes.bfloat16), 24: np.dtype("i1"),
+    25: np.dtype("<i2"), 26: np.dtype("<i4"), 27: np.dtype("<i8"), 28: np.dtype("<f8"),
+}
+
+_Part = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # byte in block, right shift, width, left shift
+
+
+def _part(byte: Any, shift: Any, width: Any, dest: int = 0) -> _Part:
+    return (np.asarray(byte, np.intp), np.asarray(shift, np.uint8), np.asarray(width, np.uint8), dest)
+
+
+@dataclass(frozen=True)
+class _Field:
+    """Codes spread over a block: ``parts`` OR-ed together, one entry per code of the block."""
+
+    bits: int
+    signedness: str
+    parts: tuple[_Part, ...]
+
+    def element(self) -> dict[str, Any]:
+        return {"type": "int", "bits": self.bits, "signedness": self.signedness}
+
+    def extract(self, blocks: np.ndarray) -> np.ndarray:
+        out = np.zeros((blocks.shape[0], self.parts[0][0].size), np.uint8)
+        for byte, shift, width, dest in self.parts:
+            mask = ((1 << width.astype(np.int64)) - 1).astype(np.uint8)
+            out |= ((blocks[:, byte] >> shift) & mask) << np.uint8(dest)
+        return out
+
+
+@dataclass(frozen=True)
+class _Type:
+    """Where everything sits in one block of a ggml type (ggml-common.h's block_* structs)."""
+
+    name: str
+    block: int
+    size: int
+    codes: _Field
+    d: int  # byte offset of the f16 block scale d (MXFP4: of the E8M0 exponent byte)
+    m: int | None = None  # Q4_1 / Q5_1: byte offset of the f16 minimum m (added)
+    sub: int | None = None  # K-quants: elements per sub-block
+    sc: _Field | None = None  # K-quants: sub-block scales (times d)
+    dmin: int | None = None  # K-quants: byte offset of the f16 dmin
+    mins: _Field | None = None  # K-quants: sub-block minimums (times dmin, subtracted)
+
+
+def _types() -> dict[int, _Type]:
+    """Block layouts from ggml-common.h (bit maps as gguf-py's quants.py reads them)."""
+    e = np.arange(32)
+    k = np.arange(256)
+    j8 = np.arange(8)
+    j16 = np.arange(16)
+    half = 4 * (e // 16)  # Q4_0-style split halves: element j in the low nibble of byte j, j+16 in the high
+    kq4 = 4 * ((k % 64) // 32)  # Q4_K/Q5_K: per 64 elements, 32 bytes, low nibbles first
+    kq2 = 2 * ((k % 128) // 32)  # Q2_K/Q3_K: per 128 elements, 32 bytes, 4 shifts of 2 bits
+    lo = j8 < 4
+    # Q4_K/Q5_K 6-bit scales and mins (12 bytes at offset 4): j < 4 in bytes j (scale) / 4+j (min)
+    # bits 0-5; j >= 4 in the nibbles of byte 8+j-4 plus bits 6-7 of bytes j-4 / j as bits 4-5.
+    sc6 = _Field(6, "unsigned", (
+        _part(np.where(lo, 4 + j8, 12 + j8 - 4), 0, np.where(lo, 6, 4)),
+        _part(np.where(lo, 4, 4 + j8 - 4), 6, np.where(lo, 0, 2), 4)))
+    min6 = _Field(6, "unsigned", (
+        _part(np.where(lo, 8 + j8, 12 + j8 - 4), np.where(lo, 0, 4), np.where(lo, 6, 4)),
+        _part(np.where(lo, 8, 8 + j8 - 4), 6, np.where(lo, 0, 2), 4)))
+    return {
+        2: _Type("Q4_0", 32, 18, _Field(4, "offset_binary", (_part(2 + e % 16, half, 4),)), d=0),
+        3: _Type("Q4_1", 32, 20, _Field(4, "unsigned", (_part(4 + e % 16, half, 4),)), d=0, m=2),
+        6: _Type("Q5_0", 32, 22, _Field(5, "offset_binary", (_part(6 + e % 16, half, 4), _part(2 + e // 8, e % 8, 1, 4))), d=0),
+        7: _Type("Q5_1", 32, 24, _Field(5, "unsigned", (_part(8 + e % 16, half, 4), _part(4 + e // 8, e % 8, 1, 4))), d=0, m=2),
+        8: _Type("Q8_0", 32, 34, _Field(8, "twos_complement", (_part(2 + e, 0, 8),)), d=0),
+        10: _Type("Q2_K", 256, 84, _Field(2, "unsigned", (_part(16 + (k // 128) * 32 + k % 32, kq2, 2),)), d=80,
+                  sub=16, sc=_Field(4, "unsigned", (_part(j16, 0, 4),)), dmin=82, mins=_Field(4, "unsigned", (_part(j16, 4, 4),))),
+        # Q3_K: q = low 2 bits + 4 * hmask bit, minus 4 (gguf-py: ql - 4 * (1 - h)); scales: low
+        # nibbles of bytes 96..103 then their high nibbles, bits 4-5 from bytes 104..107, minus 32.
+        11: _Type("Q3_K", 256, 110, _Field(3, "offset_binary", (_part(32 + (k // 128) * 32 + k % 32, kq2, 2), _part(k % 32, k // 32, 1, 2))), d=108,
+                  sub=16, sc=_Field(6, "offset_binary", (_part(96 + j16 % 8, 4 * (j16 // 8), 4), _part(104 + j16 % 4, 2 * (j16 // 4), 2, 4)))),
+        12: _Type("Q4_K", 256, 144, _Field(4, "unsigned", (_part(16 + (k // 64) * 32 + k % 32, kq4, 4),)), d=0,
+                  sub=32, sc=sc6, dmin=2, mins=min6),
+        13: _Type("Q5_K", 256, 176, _Field(5, "unsigned", (_part(48 + (k // 64) * 32 + k % 32, kq4, 4), _part(16 + k % 32, k // 32, 1, 4))), d=0,
+                  sub=32, sc=sc6, dmin=2, mins=min6),
+        # Q6_K: ql[128] (per 128 elements, 64 bytes, low nibbles first), qh[64] (per 128, 32 bytes,
+        # 4 shifts of 2 bits), int8 scales[16], f16 d; q = (ql | qh << 4) - 32.
+        14: _Type("Q6_K", 256, 210, _Field(6, "offset_binary", (_part((k // 128) * 64 + k % 64, 4 * ((k % 128) // 64), 4),
+                                                               _part(128 + (k // 128) * 32 + k % 32, kq2, 2, 4))), d=208,
+                  sub=16, sc=_Field(8, "twos_complement", (_part(192 + j16, 0, 8),))),
+        39: _Type("MXFP4", 32, 17, _Field(4, "unsigned", (_part(1 + e % 16, half, 4),)), d=0),
+    }
+
+
+TYPES = _types()
+
+#: MXFP4 element values as gguf-py uses them (kvalues, E2M1 doubled; code 8 is +0).
+_MXFP4_DOUBLED = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """ggml's ``ggml_e8m0_to_fp32_half``: 2^(e-128) as binary32, built from its bits (255 -> 2^127)."""
+    e = np.asarray(e, np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
 
 
 class GGUF(Converter):
     name = "gguf"
-    title = "gguf (not yet implemented)"
+    title = "GGUF files (llama.cpp): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, MXFP4, F32/F16/BF16"
+    priority = 10
 
     def detect(self, ck: Checkpoint) -> bool:
-        return False
+        return ck.kind == "gguf"
 
     def describe(self, ck: Checkpoint) -> Described:
-        raise unsupported("the gguf converter is not implemented yet")
+        if ck.kind != "gguf":
+            raise source_error(f"{ck.path} is not a GGUF file (it is read as {ck.kind})")
+        f = GGUFFile(os.path.join(ck.folder, ck.files[0]))
+        out = Described()
+        for t in f.tensors.values():
+            if t.ggml_type in PLAIN:
+                out.plain[t.name] = f.raw(t.name).view(PLAIN[t.ggml_type]).reshape(t.shape)
+            elif t.ggml_type in TYPES:
+                try:
+                    _describe(out, t, f.raw(t.name))
+                except KeyError as e:  # Described.add: a component name made twice
+                    raise unsupported(f"component name {e.args[0]} is made twice (tensor names of the file collide with <name>.codes, <name>.scale, ...)", tensor=t.name) from None
+            else:
+                supported = ", ".join(sorted([GGML_TYPES[i][0] for i in TYPES] + [GGML_TYPES[i][0] for i in PLAIN]))
+                raise unsupported(f"ggml type {t.type_name} has no qformat mapping here; supported: {supported}", tensor=t.name, field=f"tensor_info[{t.name}].type")
+        meta, kv_tensors = _metadata(f)
+        for n, a in kv_tensors.items():
+            if n in out.plain or n in out.descriptors or n in out.added:
+                raise unsupported(f"the metadata tensor {n!r} would take the name of a tensor of the file", tensor=n)
+            out.plain[n] = a
+        clash = sorted((set(out.plain) | set(out.descriptors)) & set(out.added))
+        if clash:
+            raise unsupported(f"the component name {clash[0]!r} is also the name of a tensor of the file", tensor=clash[0])
+        out.metadata[METADATA_KEY] = meta
+        return out
+
+
+def _grid(rank: int, size: int) -> dict[str, Any]:
+    return {"type": "grid", "size": [1] * (rank - 1) + [size]}
+
+
+def _describe(out: Described, t: TensorInfo, raw: np.ndarray) -> None:
+    """Add the descriptor and components of one quantized tensor to ``out``."""
+    spec = TYPES[t.ggml_type]
+    name, shape, r = t.name, tuple(t.shape), len(t.shape)
+    lead, K = shape[:-1], shape[-1]
+    blocks = raw.reshape(-1, spec.size)
+
+    def f16(off: int) -> np.ndarray:
+        return np.ascontiguousarray(blocks[:, off : off + 2]).view("<f2").reshape(lead + (K // spec.block,))
+
+    codes = spec.codes.extract(blocks).reshape(shape)
+    desc: dict[str, Any] = {"shape": list(shape), "dtype": "float32", "scheme": "gguf_" + spec.name.lower()}
+    params: list[np.ndarray] = []
+    if spec.name == "MXFP4":
+        _mxfp4(out, name, desc, codes, blocks[:, spec.d].reshape(lead + (K // 32,)), r)
+        out.descriptors[name] = desc
+        return
+    desc["codes"] = codes_entry(out.add(name + ".codes", pack(codes, spec.codes.bits)), spec.codes.element(), r)
+    d = f16(spec.d)
+    params.append(d)
+    if spec.sub is None:
+        desc["scale"] = {"blocks": _grid(r, spec.block), "op": "multiply", "tensor": out.add(name + ".scale", d)}
+        if spec.m is not None:
+            m = f16(spec.m)
+            params.append(m)
+            desc["bias"] = {"blocks": _grid(r, spec.block), "op": "add", "tensor": out.add(name + ".bias", m)}
+    else:
+        assert spec.sc is not None
+        nested_shape = list(lead) + [K // spec.sub]
+        per = spec.block // spec.sub
+
+        def nested(role: str, field: Any, sup: np.ndarray) -> dict[str, Any]:
+            c = field.extract(blocks).reshape(nested_shape)
+            return {"shape": nested_shape, "dtype": "float32",
+                    "codes": codes_entry(out.add(f"{name}.{role}.codes", pack(c, field.bits)), field.element(), r),
+                    "scale": {"blocks": _grid(r, per), "op": "multiply", "tensor": out.add(f"{name}.{role}.scale", sup)}}
+
+        desc["scale"] = {"blocks": _grid(r, spec.sub), "op": "multiply", "encoded": nested("scale", spec.sc, d)}
+        if spec.mins is not None:
+            assert spec.dmin is not None
+            dmin = f16(spec.dmin)
+            params.append(dmin)
+            desc["bias"] = {"blocks": _grid(r, spec.sub), "op": "subtract", "encoded": nested("bias", spec.mins, dmin)}
+    if not all(bool(np.isfinite(p).all()) for p in params):
+        # gguf-py decodes non-finite scales as IEEE arithmetic says; so does qformat, and the flag
+        # keeps `qformat check` from reporting what the source itself holds.
+        desc["allow_nonfinite_params"] = True
+        for role in ("scale", "bias"):
+            if "encoded" in desc.get(role, {}):
+                desc[role]["encoded"]["allow_nonfinite_params"] = True
+    out.descriptors[name] = desc
+
+
+def _mxfp4(out: Described, name: str, desc: dict[str, Any], codes: np.ndarray, e: np.ndarray, r: int) -> None:
+    """MXFP4: E2M1 codes (gguf-py's code 8 is +0, so an in-file codebook) times 2^(e-127).
+
+    With every exponent byte below 255 the scale is the plain ``F8_E8M0`` tensor of exponents
+    (x_code * 2^(e-127) is the exact product gguf-py rounds once as (2 x_code) * 2^(e-128)).
+    ggml reads 255 as 2^127 (times the doubled value), which ``e8m0fnu`` cannot say (it is NaN
+    there), so such a tensor uses gguf-py's doubled values and a nested 8-bit codebook whose
+    256-entry table is ggml's ``e8m0_to_fp32_half``.
+    """
+    packed = out.add(name + ".codes", pack(codes, 4))
+    blocks = _grid(r, 32)
+    if not (e == 255).any():
+        table = _MXFP4_DOUBLED * np.float32(0.5)  # exact halving; code 8 stays +0.0
+        element = {"type": "codebook", "bits": 4, "table_tensor": out.add(name + ".table", table)}
+        desc["codes"] = codes_entry(packed, element, r)
+        desc["scale"] = {"blocks": blocks, "op": "multiply",
+                         "tensor": out.add(name + ".scale", np.ascontiguousarray(e).view(ml_dtypes.float8_e8m0fnu))}
+        return
+    element = {"type": "codebook", "bits": 4, "table_tensor": out.add(name + ".table", _MXFP4_DOUBLED.copy())}
+    desc["codes"] = codes_entry(packed, element, r)
+    half = {"type": "codebook", "bits": 8, "table_tensor": out.add(name + ".scale.table", e8m0_half(np.arange(256)))}
+    desc["scale"] = {"blocks": blocks, "op": "multiply", "encoded": {
+        "shape": list(e.shape), "dtype": "float32", "codes": codes_entry(out.add(name + ".scale.codes", pack(e, 8)), half, r)}}
+
+
+# -- metadata ------------------------------------------------------------------------------------
+def _jsonable(v: KV) -> dict[str, Any]:
+    """A KV as JSON: {"type", "value"}; arrays add "element_type"; non-finite floats as strings."""
+    if v.type == "array":
+        if v.element_type == "array":
+            items: list[Any] = [_jsonable(x) for x in v.value]
+        elif v.element_type in ("float32", "float64"):
+            items = [_float(x) for x in v.value]
+        else:
+            items = list(v.value)
+        return {"type": "array", "element_type": v.element_type, "value": items}
+    if v.type in ("float32", "float64"):
+        return {"type": v.type, "value": _float(v.value)}
+    return {"type": v.type, "value": v.value}
+
+
+def _float(x: float) -> float | str:
+    # float32 values are exact as binary64, whose shortest repr round-trips; JSON has no NaN/Inf.
+    return x if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _metadata(f: GGUFFile) -> tuple[str, dict[str, np.ndarray]]:
+    """The ``gguf`` metadata JSON and the ``gguf.kv.*`` tensors holding values too large for it."""
+    kv: dict[str, Any] = {}
+    texts: dict[str, str] = {}
+    for key, v in f.kv.items():
+        j = _jsonable(v)
+        texts[key] = _dumps(j)
+        kv[key] = j
+    moved: dict[str, np.ndarray] = {}
+
+    def move(key: str) -> None:
+        v = kv[key]
+        tname = KV_TENSOR_PREFIX + key
+        moved[tname] = np.frombuffer(texts[key].encode("utf-8"), np.uint8).copy()
+        stub = {"type": v["type"], "tensor": tname, "bytes": int(moved[tname].size)}
+        if v["type"] == "array":
+            stub.update(element_type=v["element_type"], length=len(v["value"]))
+        kv[key] = stub
+
+    for key in list(kv):
+        if len(texts[key].encode("utf-8")) > MAX_INLINE_VALUE_BYTES:
+            move(key)
+    obj = {"version": f.version, "alignment": f.alignment, "kv": kv,
+           "tensors": [[t.name, t.type_name, list(t.shape)] for t in f.tensors.values()]}
+    text = _dumps(obj)
+    # Still too long (many medium values): move the largest remaining values until it fits.
+    for key in sorted((k for k in kv if KV_TENSOR_PREFIX + k not in moved), key=lambda k: -len(texts[k])):
+        if len(text.encode("utf-8")) <= MAX_METADATA_BYTES:
+            break
+        move(key)
+        text = _dumps(obj)
+    if len(text.encode("utf-8")) > MAX_METADATA_BYTES:
+        raise unsupported(f"the GGUF metadata needs {len(text.encode('utf-8'))} bytes of JSON with every value moved into a tensor; at most {MAX_METADATA_BYTES}", field="gguf")
+    return text, moved
