@@ -702,35 +702,35 @@ def _(rng):
     return M(rng, "SCHEMA_VIOLATION", lambda d, c, p: d.__setitem__("", d.pop("w")), version="1.1")
 
 
-@case("unsupported-feature-1.1-descriptor-member", "a 1.1 file's descriptor has a member 'sparsity' unknown to a 1.0 reader: refuse that tensor with FEATURE_UNSUPPORTED",
+@case("unsupported-feature-1.1-descriptor-member", "a 1.1 file's descriptor has a member 'sparsity' that 1.1 does not define: SCHEMA_VIOLATION for a 1.1 reader (a 1.0 reader: FEATURE_UNSUPPORTED; see the -1.2 case)",
       ["3.4", "5.5"], FWD)
 def _(rng):
-    return M(rng, "FEATURE_UNSUPPORTED", setf("sparsity", {"pattern": "2:4"}), version="1.1")
+    return M(rng, "SCHEMA_VIOLATION", setf("sparsity", {"pattern": "2:4"}), version="1.1")
 
 
-@case("unsupported-feature-1.1-new-dtype", "a 1.1 file's descriptor has dtype 'float8' (a possible new enumeration value): FEATURE_UNSUPPORTED, not DTYPE_INVALID",
+@case("unsupported-feature-1.1-new-dtype", "a 1.1 file's descriptor has dtype 'float8', which 1.1 does not define: DTYPE_INVALID for a 1.1 reader (see the -1.2 case)",
       ["3.4", "5.3", "5.5"], FWD)
 def _(rng):
-    return M(rng, "FEATURE_UNSUPPORTED", setf("dtype", "float8"), version="1.1")
+    return M(rng, "DTYPE_INVALID", setf("dtype", "float8"), version="1.1")
 
 
-@case("unsupported-feature-1.1-element-member", "a 1.1 file's element has an unknown member 'rounding': FEATURE_UNSUPPORTED, not ELEMENT_INVALID",
+@case("unsupported-feature-1.1-element-member", "a 1.1 file's element has an unknown member 'rounding': ELEMENT_INVALID for a 1.1 reader (a failure inside the element, §5.5; see the -1.2 case)",
       ["3.4", "5.5"], FWD)
 def _(rng):
-    return M(rng, "FEATURE_UNSUPPORTED", setf("codes.element.rounding", "stochastic"), version="1.1")
+    return M(rng, "ELEMENT_INVALID", setf("codes.element.rounding", "stochastic"), version="1.1")
 
 
-@case("unsupported-feature-1.1-top-member-type", "a 1.1 file's known top-level member 'extensions' is an object, not an array: refuse the file with FEATURE_UNSUPPORTED",
+@case("unsupported-feature-1.1-top-member-type", "a 1.1 file's known top-level member 'extensions' is an object, not an array: SCHEMA_VIOLATION for a 1.1 reader (see the -1.2 case)",
       ["3.4", "3.7"], FWD)
 def _(rng):
-    return M(rng, "FEATURE_UNSUPPORTED", version="1.1", extensions={"name": "org.example.x"})
+    return M(rng, "SCHEMA_VIOLATION", version="1.1", extensions={"name": "org.example.x"})
 
 
-@case("forward-compat-1.1-unknown-top-member", "a 1.1 file has an unknown top-level member 'producer' (a newer minor adds optional members): ignore it and read the file",
+@case("forward-compat-1.1-unknown-top-member", "a 1.1 file has an unknown top-level member 'producer': SCHEMA_VIOLATION for a 1.1 reader, whole file (a 1.0 reader ignores it; see the -1.2 case)",
       ["3.4"], FWD)
 def _(rng):
     descs, comps, plain = base(rng)
-    return valid(descs, comps, plain, version="1.1", producer={"name": "x", "build": 7})
+    return failing(qfile(descs, comps, plain, version="1.1", producer={"name": "x", "build": 7}), "SCHEMA_VIOLATION")
 
 
 @case("forward-compat-1.1-plain", "a 1.1 file that validates against the 1.0 schema: read it exactly as a 1.0 file", ["3.4"], FWD)
@@ -770,11 +770,11 @@ def _(rng):
     return valid(with_ext(descs, [e]), comps, plain, extensions=[e])
 
 
-@case("forward-compat-1.1-reserved-optional-extension", "a 1.1 file has the unregistered optional extension 'qformat.x' (may come from the newer minor): ignore it and read",
+@case("forward-compat-1.1-reserved-optional-extension", "a 1.1 file has the optional extension 'qformat.x', which 1.1 does not register: EXTENSION_NAME_INVALID for a 1.1 reader (see the -1.2 case)",
       ["3.4", "3.5"], EXT + FWD)
 def _(rng):
     descs, comps, plain = base(rng)
-    return valid(descs, comps, plain, version="1.1", extensions=[ext("qformat.x", OPT)])
+    return failing(qfile(descs, comps, plain, version="1.1", extensions=[ext("qformat.x", OPT)]), "EXTENSION_NAME_INVALID")
 
 
 @case("unsupported-extension-file-scope", "an unknown file-scope extension with must_understand defaulted (true): refuse the file with EXTENSION_UNKNOWN", ["3.5", "3.7"], EXT + FWD)
@@ -792,10 +792,53 @@ def _(rng):
     return M(rng, "EXTENSION_UNKNOWN", setf("scale.encoded.extensions", [ext("org.example.sparsity")]), maker=lambda r: base_nested(r, 1))
 
 
-@case("unsupported-extension-reserved-1.1", "a 1.1 file has the must-understand extension 'qformat.x', unknown to a 1.0 reader: refuse the file with EXTENSION_UNKNOWN",
+@case("unsupported-extension-reserved-1.1", "a 1.1 file has the must-understand extension 'qformat.x', which 1.1 does not register: EXTENSION_NAME_INVALID for a 1.1 reader (see the -1.2 case)",
       ["3.4", "3.5"], EXT + FWD)
 def _(rng):
-    return M(rng, "EXTENSION_UNKNOWN", version="1.1", extensions=[ext("qformat.x")])
+    return M(rng, "EXTENSION_NAME_INVALID", version="1.1", extensions=[ext("qformat.x")])
+
+
+# The same situations one minor above this corpus's version (1.1): what "-1.1" cases tested
+# for a 1.0 reader.
+@case("unsupported-feature-1.2-descriptor-member", "a 1.2 file's descriptor has a member 'sparsity' unknown to a 1.1 reader: refuse that tensor with FEATURE_UNSUPPORTED",
+      ["3.4"], ["descriptor"] + FWD)
+def _(rng):
+    return M(rng, "FEATURE_UNSUPPORTED", setf("sparsity", {"pattern": "2:4"}), version="1.2")
+
+
+@case("unsupported-feature-1.2-new-dtype", "a 1.2 file's descriptor has dtype 'float8': FEATURE_UNSUPPORTED, not DTYPE_INVALID", ["3.4"], ["descriptor"] + FWD)
+def _(rng):
+    return M(rng, "FEATURE_UNSUPPORTED", setf("dtype", "float8"), version="1.2")
+
+
+@case("unsupported-feature-1.2-element-member", "a 1.2 file's element has an unknown member 'rounding': FEATURE_UNSUPPORTED, not ELEMENT_INVALID", ["3.4"], ["descriptor"] + FWD)
+def _(rng):
+    return M(rng, "FEATURE_UNSUPPORTED", setf("codes.element.rounding", "stochastic"), version="1.2")
+
+
+@case("unsupported-feature-1.2-top-member-type", "a 1.2 file's known top-level member 'extensions' is an object: refuse the file with FEATURE_UNSUPPORTED", ["3.4"], FWD)
+def _(rng):
+    return M(rng, "FEATURE_UNSUPPORTED", version="1.2", extensions={"name": "org.example.x"})
+
+
+@case("forward-compat-1.2-unknown-top-member", "a 1.2 file has an unknown top-level member 'producer' (a newer minor adds optional members): ignore it and read the file",
+      ["3.4"], FWD)
+def _(rng):
+    descs, comps, plain = base(rng)
+    return valid(descs, comps, plain, version="1.2", producer={"name": "x", "build": 7})
+
+
+@case("forward-compat-1.2-reserved-optional-extension", "a 1.2 file has the unregistered optional extension 'qformat.x' (may come from the newer minor): ignore it and read",
+      ["3.4", "3.5"], EXT + FWD)
+def _(rng):
+    descs, comps, plain = base(rng)
+    return valid(descs, comps, plain, version="1.2", extensions=[ext("qformat.x", OPT)])
+
+
+@case("unsupported-extension-reserved-1.2", "a 1.2 file has the must-understand extension 'qformat.x', unknown to a 1.1 reader: refuse the file with EXTENSION_UNKNOWN",
+      ["3.4", "3.5"], EXT + FWD)
+def _(rng):
+    return M(rng, "EXTENSION_UNKNOWN", version="1.2", extensions=[ext("qformat.x")])
 
 
 for _id, _n, _what in (("no-dot", "sparsity", "has no dot"), ("upper-case", "Org.Example.Sparsity", "has upper-case letters"),

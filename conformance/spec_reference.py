@@ -209,6 +209,8 @@ def cell(blocks: Mapping[str, Any], idx: tuple[int, ...], flat: int, comps: Mapp
 
 def decode(desc: Mapping[str, Any], comps: Mapping[str, np.ndarray]) -> np.ndarray:
     """Decode per SPEC.md §10, one element and one binary32 operation at a time."""
+    if desc.get("layout", {"name": "canonical"})["name"] != "canonical":
+        desc, comps = to_canonical(desc, comps)  # §11: a device layout is read as its canonical component
     shape = tuple(desc["shape"])
     codes = unpack(desc, comps)
     el = desc["codes"]["element"]
@@ -231,3 +233,140 @@ def decode(desc: Mapping[str, Any], comps: Mapping[str, np.ndarray]) -> np.ndarr
                     x = np.float32(x + v)
             out[idx] = x
         return out.astype(LOGICAL[desc["dtype"]])
+
+
+# -- §11 device layouts (version 1.1), literally as SPEC.md §11.3 / §11.4 state them ---------------
+def _field(word: int, j: int, b: int) -> int:
+    return (int(word) >> (b * j)) & ((1 << b) - 1)
+
+
+def tinygemm_nk(nt: int, ko: int, t: int, w: int, j: int, T: int) -> tuple[int, int]:
+    """§11.3: the logical (n, k) held by field j of D[nt, ko, t, w]."""
+    i, h = j % 4, j // 4
+    n = 8 * nt + t // 4
+    k = 16 * (ko * T + 2 * w) + 2 * (t % 4) + 8 * (i % 2) + 16 * (i // 2) + h
+    return n, k
+
+
+def marlin_perm(b: int) -> list[int]:
+    """§11.4: PERM_b."""
+    perm: list[int] = []
+    for i in range(32):
+        col = i // 4
+        p1 = []
+        for blk in (0, 1):
+            for row in (2 * (i % 4), 2 * (i % 4) + 1, 2 * (i % 4 + 4), 2 * (i % 4 + 4) + 1):
+                p1.append(16 * row + col + 8 * blk)
+        for j in range(4):
+            perm += [x + 256 * j for x in p1]
+    il = [0, 2, 4, 6, 1, 3, 5, 7] if b == 4 else [0, 2, 1, 3]
+    return [perm[len(il) * (m // len(il)) + il[m % len(il)]] for m in range(1024)]
+
+
+def marlin_scale_perm(grouped: bool) -> list[int]:
+    """§11.4: SP (runs of 64) or SP1 (runs of 32)."""
+    if grouped:
+        return [8 * (m % 8) + m // 8 for m in range(64)]
+    return [2 * (m // 8) + [0, 1, 8, 9, 16, 17, 24, 25][m % 8] for m in range(32)]
+
+
+def _marlin_grouped(desc: Mapping[str, Any]) -> bool:
+    g = desc["scale"]["blocks"]["size"][1]
+    return g is not None and g < desc["shape"][1]
+
+
+def device_codes(name: str, params: Mapping[str, Any], q: np.ndarray, b: int) -> np.ndarray:
+    """Logical codes [N, K] -> the device tensor D (uint32), field by field (§11.3, §11.4)."""
+    n, k = q.shape
+    if name == "tinygemm_int4_cuda":
+        T = params["inner_k_tiles"]
+        d = np.zeros((n // 8, k // (16 * T), 32, T // 2), np.uint32)
+        for idx in np.ndindex(*d.shape):
+            word = 0
+            for j in range(8):
+                nn, kk = tinygemm_nk(*idx, j, T)
+                word |= int(q[nn, kk]) << (4 * j)
+            d[idx] = word
+        return d
+    P = 32 // b
+    perm = marlin_perm(b)
+    A = np.zeros((k // 16, 16 * n), np.int64)
+    for kt in range(k // 16):
+        for nt in range(n // 16):
+            for r in range(16):
+                for c in range(16):
+                    A[kt, nt * 256 + r * 16 + c] = q[16 * nt + c, 16 * kt + r]
+    R = np.zeros_like(A)
+    for kt in range(k // 16):
+        for u in range(16 * n // 1024):
+            for m in range(1024):
+                R[kt, 1024 * u + m] = A[kt, 1024 * u + perm[m]]
+    d = np.zeros((k // 16, 16 * n // P), np.uint32)
+    for kt in range(k // 16):
+        for x in range(16 * n // P):
+            d[kt, x] = sum(int(R[kt, P * x + i]) << (b * i) for i in range(P))
+    return d
+
+
+def device_scales(values: np.ndarray, grouped: bool) -> np.ndarray:
+    """§11.4: natural-order scale values -> the stored (permuted) ones, same shape."""
+    sp = marlin_scale_perm(grouped)
+    v = np.asarray(values).reshape(-1)
+    out = np.empty_like(v)
+    for u in range(v.size // len(sp)):
+        for m in range(len(sp)):
+            out[len(sp) * u + m] = v[len(sp) * u + sp[m]]
+    return out.reshape(np.shape(values))
+
+
+def to_canonical(desc: Mapping[str, Any], comps: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """§11.1: a descriptor in a device layout -> (canonical descriptor, components with Wc and the
+    natural-order scale), by reading every field of D (§11.3, §11.4)."""
+    lay = desc.get("layout", {"name": "canonical"})
+    if lay["name"] == "canonical":
+        return dict(desc), dict(comps)
+    name, params = lay["name"], lay.get("parameters", {})
+    n, k = desc["shape"]
+    b = element_bits(desc["codes"]["element"])
+    D = np.ascontiguousarray(comps[desc["codes"]["tensor"]]).view(np.uint32)
+    q = np.full((n, k), -1, np.int64)
+    if name == "tinygemm_int4_cuda":
+        T = params["inner_k_tiles"]
+        for idx in np.ndindex(*D.shape):
+            for j in range(8):
+                nn, kk = tinygemm_nk(*idx, j, T)
+                q[nn, kk] = _field(D[idx], j, 4)
+    elif name == "marlin_dense":
+        P = 32 // b
+        perm = marlin_perm(b)
+        R = np.zeros((k // 16, 16 * n), np.int64)
+        for kt, x in np.ndindex(*D.shape):
+            for i in range(P):
+                R[kt, P * x + i] = _field(D[kt, x], i, b)
+        A = np.zeros_like(R)
+        for kt in range(k // 16):
+            for u in range(16 * n // 1024):
+                for m in range(1024):
+                    A[kt, 1024 * u + perm[m]] = R[kt, 1024 * u + m]
+        for kt in range(k // 16):
+            for nt in range(n // 16):
+                for r in range(16):
+                    for c in range(16):
+                        q[16 * nt + c, 16 * kt + r] = A[kt, nt * 256 + r * 16 + c]
+    else:
+        raise LookupError(f"layout {name!r}")
+    assert (q >= 0).all()
+    out = dict(comps)
+    out[desc["codes"]["tensor"]] = pack(q, b, desc["codes"]["packing"])
+    if name == "marlin_dense":
+        stored = np.asarray(comps[desc["scale"]["tensor"]])
+        sp = marlin_scale_perm(_marlin_grouped(desc))
+        flat = stored.reshape(-1)
+        v = np.empty_like(flat)
+        for u in range(flat.size // len(sp)):
+            for m in range(len(sp)):
+                v[len(sp) * u + sp[m]] = flat[len(sp) * u + m]
+        out[desc["scale"]["tensor"]] = v.reshape(stored.shape)
+    d = dict(desc)
+    d.pop("layout", None)
+    return d, out

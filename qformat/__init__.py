@@ -16,11 +16,13 @@ from .check import Problem, Report, check
 from .errors import InvalidFileError, MalformedFileError, QFormatError, UnsupportedError, UsageError
 from .index import load_checkpoint
 from .io import iter_tensors, load_file, safe_open, save_file
+from .model import required_version
 from .qtensor import QTensor
 
 __version__ = "0.1.0"
-#: The qformat spec version this implementation writes and reads (SPEC.md).
-SPEC_VERSION = "1.0"
+#: The qformat spec version this implementation reads (SPEC.md).  Files record the lowest
+#: version whose features they use: ``required_version`` ("1.0" unless a 1.1 layout appears).
+SPEC_VERSION = "1.1"
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
@@ -45,6 +47,6 @@ def quantize(array, scheme: str, **params) -> QTensor:  # type: ignore[no-untype
 
 __all__ = [
     "InvalidFileError", "MalformedFileError", "Problem", "QFormatError", "QTensor", "Report", "SPEC_VERSION",
-    "UnsupportedError", "UsageError", "__version__", "check", "iter_tensors", "load_checkpoint", "load_file", "quantize",
+    "UnsupportedError", "UsageError", "__version__", "check", "iter_tensors", "load_checkpoint", "load_file", "quantize", "required_version",
     "safe_open", "save_file",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -107,6 +108,36 @@ def _iter_row_blocks(words: np.ndarray, axis: int | None, wpr: int) -> Iterable[
         yield np.moveaxis(words[tuple(idx)], axis, -1).reshape(-1, wpr)
 
 
+def _release(src: Any, a: np.ndarray) -> None:
+    """Unmap the memory-mapped pages under ``a`` once they are scanned, so resident memory stays
+    at a few scan steps however large the file is.  The data stays in the page cache (a later
+    read maps it again); a read-only mapping loses nothing.  Sources without a map: no-op."""
+    mm = getattr(src, "_mm", None)
+    if mm is None or a.size == 0 or not hasattr(mm, "madvise"):
+        return
+    base = np.frombuffer(mm, np.uint8, count=1).__array_interface__["data"][0]
+    start = a.__array_interface__["data"][0] - base
+    span = sum((n - 1) * abs(st) for n, st in zip(a.shape, a.strides)) + a.itemsize
+    if start < 0 or span > 2 * a.nbytes + SCAN_BYTES:  # interleaved view: its pages are shared
+        return
+    page = start // mmap.PAGESIZE * mmap.PAGESIZE
+    end = min(len(mm), start + span)
+    if end > page:
+        mm.madvise(mmap.MADV_DONTNEED, page, end - page)
+
+
+def _padding_mask(p: Any, bits: int, length: int, nwords: int) -> np.ndarray:
+    """For a row of ``length`` codes stored in ``nwords`` containers: the padding bits of each
+    container (spare slot bits, the row's tail, alignment words).  pack(unpack(w)) == w exactly
+    where ``w & mask == 0``, so a container has stray padding when it meets this mask."""
+    mask = np.full(nwords, (1 << p.container) - 1, dtype=p.word_dtype)
+    if length:
+        used = pack_rows(np.full((1, length), (1 << bits) - 1, np.uint8), bits, p)[0]
+        k = min(nwords, used.size)
+        mask[:k] &= ~used[:k]
+    return mask
+
+
 def _check_codes(name: str, desc: Descriptor, src: Any, field_prefix: str) -> list[QFormatError]:
     probs: list[QFormatError] = []
     p, el = desc.codes.packing, desc.codes.element
@@ -116,6 +147,27 @@ def _check_codes(name: str, desc: Descriptor, src: Any, field_prefix: str) -> li
     _, valid = element_table(desc, src)
     bad_pad = 0
     max_code = -1
+    # Every code is valid unless a codebook table is shorter than 2**bits; then codes are unpacked.
+    need_codes = valid < (1 << bits)
+    if p.axis is not None:
+        # Padding sits at the same bits of every row: test only the containers that have any.
+        mask = _padding_mask(p, bits, length, wpr)
+        cols = np.flatnonzero(mask)
+        for block in _iter_row_blocks(words, p.axis, wpr):
+            if cols.size == wpr:
+                bad_pad += int(np.count_nonzero(np.asarray(block) & mask))
+            elif cols.size:
+                bad_pad += int(np.count_nonzero(np.asarray(block[:, cols]) & mask[cols]))
+            if need_codes and length:
+                codes = unpack_rows(np.asarray(block), bits, p, length)
+                if codes.size:
+                    max_code = max(max_code, int(codes.max()))
+            _release(src, block)
+        if bad_pad:
+            probs.append(error("PADDING_NONZERO", f"{bad_pad} packed containers have padding bits set to 1; writers must leave padding zero", tensor=name, field=f"{field_prefix}codes.tensor"))
+        if max_code >= valid:
+            probs.append(error("CODE_OUT_OF_RANGE", f"code {max_code} is past the end of the {valid}-entry codebook", tensor=name, field=f"{field_prefix}codes.tensor"))
+        return probs
     for block in _iter_row_blocks(words, p.axis, wpr):
         if p.axis is None:
             # One long row: walk it in whole alignment units.
@@ -123,11 +175,16 @@ def _check_codes(name: str, desc: Descriptor, src: Any, field_prefix: str) -> li
             unit = p.element_alignment(bits)
             unit_words = max(1, p.words_for(unit, bits))
             units_per_step = max(1, (SCAN_BYTES // words.dtype.itemsize) // unit_words)
+            # Whole units with no padding bit and no codebook limit cannot fail: only the tail is read.
+            skip_whole = not need_codes and not _padding_mask(p, bits, unit, p.words_for(unit, bits)).any()
             e = 0
             while e < length:
                 n = min(length - e, units_per_step * unit)
                 w0 = p.words_for(e, bits)
                 last = e + n >= length
+                if skip_whole and not last:
+                    e += n
+                    continue
                 w1 = block.size if last else w0 + p.words_for(n, bits)
                 seg = np.asarray(block[w0:w1])[None, :]
                 codes = unpack_rows(seg, bits, p, n)
@@ -141,6 +198,7 @@ def _check_codes(name: str, desc: Descriptor, src: Any, field_prefix: str) -> li
                 bad_pad += int(np.count_nonzero(rep != seg))
                 if codes.size:
                     max_code = max(max_code, int(codes.max()))
+                _release(src, block[w0:w1])
                 e += n
             if length == 0 and block.size:
                 bad_pad += int(np.count_nonzero(block))
@@ -181,6 +239,10 @@ def _check_values(name: str, desc: Descriptor, prm: Param, vals: np.ndarray, fie
 
 def check_payload(name: str, desc: Descriptor, src: Any, field_prefix: str = "") -> list[QFormatError]:
     """Payload problems of one valid descriptor (recursing into encoded parameters)."""
+    if desc.layout != "canonical":  # a device layout is checked through its canonical component (§11)
+        from .layouts import canonical_view
+
+        desc, src = canonical_view(desc, src)
     probs = _check_codes(name, desc, src, field_prefix)
     for prm in desc.params():
         f = f"{field_prefix}{prm.role}"
@@ -201,6 +263,7 @@ def check_payload(name: str, desc: Descriptor, src: Any, field_prefix: str = "")
                     if pr.code not in seen:
                         seen.add(pr.code)
                         probs.append(pr)
+                _release(src, arr[i : i + step])
         else:
             enc = prm.encoded
             assert enc is not None

@@ -11,6 +11,9 @@ round-to-nearest-even cast to the logical dtype.
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -21,8 +24,13 @@ from .elements import lut as element_lut
 from .errors import error
 from .sources import Source
 
-#: Elements decoded per chunk: keeps every temporary to a few tens of MB.
-CHUNK_ELEMENTS = 1 << 20
+#: Elements decoded per chunk: about 1 MB of binary32, so a chunk's lookup, parameter steps
+#: and cast run in the core's cache and every temporary stays small, whatever the tensor's size.
+CHUNK_ELEMENTS = 1 << 18
+
+#: Threads a full decode spreads its chunks over (None: one per CPU, at most 8).  Chunks
+#: write disjoint rows of the output and NumPy releases the GIL in every step they run.
+THREADS: int | None = None
 
 Region = tuple[tuple[int, int], ...]
 
@@ -147,18 +155,121 @@ def _grid_box(prm: Param, desc: Descriptor, src: Source, box: Region, grid: tupl
     return np.asarray(g[tuple(slice(lo, hi) for lo, hi in box)]).astype(np.float32)
 
 
-def decode_region(desc: Descriptor, src: Source, region: Region, depth: int = 0, tensor: str | None = None) -> np.ndarray:
-    """Decode ``region`` to binary32 (before the cast to the logical dtype)."""
-    codes = read_codes(desc, src, region)
+# -- fast paths: the same operations on the same binary32 values, in fewer passes -----------
+#: One item holding the n binary32 values of the n codes in one byte (n = 1, 2, 4).
+_BYTE_ITEM = {1: np.dtype(np.float32), 2: np.dtype(np.float64), 4: np.dtype(np.complex128)}
+
+
+@lru_cache(maxsize=128)
+def _byte_table(table: bytes, bits: int, p) -> np.ndarray:
+    """For each of the 256 byte values, the values of the codes it holds, in element order.
+
+    Built with the reference :func:`qformat.packing.unpack_rows` on every byte, so a lookup in
+    this table gives exactly what unpacking and then looking up each code gives.
+    """
+    from .packing import unpack_rows
+
+    n = p.slots_per_word(bits)
+    codes = unpack_rows(np.arange(256, dtype=np.uint8)[:, None], bits, p, n)  # [256, n]
+    vals = np.frombuffer(table, np.float32)[codes]
+    return np.ascontiguousarray(vals).view(_BYTE_ITEM[n]).reshape(256)
+
+
+def _fast_values(desc: Descriptor, src: Source, region: Region, table: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+    """Element values of ``region`` by one lookup per packed byte, or None where the packing
+    needs the general path (containers wider than a byte, planes, a storage order, codes split
+    across a byte boundary of the region)."""
+    p = desc.codes.packing
+    bits = desc.codes.element.bits
+    rank = len(desc.shape)
+    if rank == 0 or p.container != 8 or p.order is not None or p.axis != rank - 1 or p.planes_span is not None or not p.uses_slots(bits):
+        return None
+    n = p.slots_per_word(bits)
+    c0, c1 = region[-1]
+    if n not in _BYTE_ITEM or c0 % n or (c1 - c0) % n:
+        return None
+    words = _words(src, desc)
+    sub = words[tuple(slice(lo, hi) for lo, hi in region[:-1]) + (slice(c0 // n, c1 // n),)]
+    bt = _byte_table(table.tobytes(), bits, p)
+    if out is None:
+        out = np.empty(tuple(hi - lo for lo, hi in region), np.float32)
+    # mode="clip": a byte always indexes the 256-entry table, and "raise" would buffer ``out``
+    np.take(bt, sub, out=out.view(bt.dtype).reshape(sub.shape), mode="clip")
+    return out
+
+
+def _fast_param(prm: Param, desc: Descriptor, src: Source, region: Region, depth: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a view of ``x``, the parameter's values) that broadcast cell by cell without expanding
+    the parameter to the region's size, or None where blocks do not tile the region evenly
+    (then :func:`param_values` expands it)."""
+    b = prm.blocks
+    grid = b.grid_shape(desc.shape)
+    if b.type == "flat":
+        size = int(b.size)  # type: ignore[arg-type]
+        if any(region[a] != (0, desc.shape[a]) for a in range(1, len(region))):
+            return None
+        inner = math.prod(desc.shape[1:])
+        f0, f1 = region[0][0] * inner, region[0][1] * inner
+        if f0 % size or (f1 - f0) % size:
+            return None
+        vals = _grid_box(prm, desc, src, ((f0 // size, f1 // size),), grid, depth)
+        return x.reshape(-1, size), vals[:, None]
+    if b.index is not None:
+        return None
+    xshape: list[int] = []
+    vshape: list[int] = []
+    box = []
+    for (lo, hi), s in zip(region, b.size):  # type: ignore[arg-type]
+        n = hi - lo
+        if s is None:
+            box.append((0, 1))
+            xshape.append(n)
+            vshape.append(1)
+        elif s == 1:
+            box.append((lo, hi))
+            xshape.append(n)
+            vshape.append(n)
+        elif lo % s == 0 and n % s == 0:
+            box.append((lo // s, hi // s))
+            xshape += [n // s, s]
+            vshape += [n // s, 1]
+        else:
+            return None
+    vals = _grid_box(prm, desc, src, tuple(box), grid, depth)
+    return x.reshape(xshape), vals.reshape(vshape)
+
+
+def decode_region(desc: Descriptor, src: Source, region: Region, depth: int = 0, tensor: str | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray:
+    """Decode ``region`` to binary32 (before the cast to the logical dtype).
+
+    ``out`` (C-contiguous binary32 of the region's shape) receives the values when given.
+    """
+    if desc.layout != "canonical":  # device layout: unpack to canonical words first (SPEC.md §11)
+        from .layouts import canonical_view
+
+        desc, src = canonical_view(desc, src)
     table, valid = element_table(desc, src)
-    if valid < len(table) and codes.size and int(codes.max()) >= valid:
-        bad = int(codes.max())
-        raise error("CODE_OUT_OF_RANGE", f"code {bad} is past the end of a {valid}-entry codebook", tensor=tensor, field="codes.tensor")
-    x = table[codes]
-    if not isinstance(x, np.ndarray):  # rank 0: indexing gave a scalar
-        x = np.array(x, dtype=np.float32)
+    x = _fast_values(desc, src, region, table, out) if valid == len(table) and region else None
+    if x is None:
+        codes = read_codes(desc, src, region)
+        if valid < len(table) and codes.size and int(codes.max()) >= valid:
+            bad = int(codes.max())
+            raise error("CODE_OUT_OF_RANGE", f"code {bad} is past the end of a {valid}-entry codebook", tensor=tensor, field="codes.tensor")
+        if out is not None and region:
+            np.take(table, codes, out=out, mode="clip")  # codes < len(table): checked or by width
+            x = out
+        else:
+            x = table[codes]
+            if not isinstance(x, np.ndarray):  # rank 0: indexing gave a scalar
+                x = np.array(x, dtype=np.float32)
     with np.errstate(all="ignore"):
         for prm in desc.params():
+            fast = _fast_param(prm, desc, src, region, depth, x) if region and x.flags.c_contiguous else None
+            if fast is not None:
+                xv, v = fast
+                getattr(np, prm.arith)(xv, v, out=xv)
+                continue
             v = param_values(prm, desc, src, region, depth)
             getattr(np, prm.arith)(x, v, out=x)  # np.subtract / multiply / divide / add
     return x
@@ -171,12 +282,55 @@ def _round_to(x: np.ndarray, dtype: str) -> np.ndarray:
         return x.astype(_dt.logical_numpy(dtype))
 
 
-def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: str | None = None) -> np.ndarray:
-    """Decode ``region`` (default: everything) to the logical dtype, chunk by chunk."""
+def _row_multiple(desc: Descriptor) -> int:
+    """Rows per chunk that keep every parameter's blocks whole along axis 0 (so the fast
+    parameter path applies to every chunk), where that is a small number."""
+    m = 1
+    inner = math.prod(desc.shape[1:])
+    for prm in desc.params():
+        b = prm.blocks
+        if b.type == "flat":
+            s = int(b.size)  # type: ignore[arg-type]
+            k = s // math.gcd(s, max(1, inner))
+        elif b.index is not None and b.index.axis == 0:
+            k = 1
+        else:
+            k = b.size[0] or 1  # type: ignore[index]
+        m = m * k // math.gcd(m, k)
+    return m if m <= 4096 else 1
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    """A pool of exactly ``n`` threads, made once and reused."""
+    pool = _POOLS.get(n)
+    if pool is None:
+        pool = _POOLS.setdefault(n, ThreadPoolExecutor(max_workers=n, thread_name_prefix="qformat-decode"))
+    return pool
+
+
+def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: str | None = None,
+           out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
+    """Decode ``region`` (default: everything) to the logical dtype, chunk by chunk.
+
+    ``out``: a C-contiguous array of the region's shape and logical dtype to decode into
+    (returned).  ``threads``: how many threads decode chunks at once (default :data:`THREADS`);
+    the bits never depend on it.  Memory beyond the output is a few chunks' temporaries.
+    """
     if region is None:
         region = full_region(desc.shape)
+    if desc.layout != "canonical":  # once per call, not per chunk (SPEC.md §11)
+        from .layouts import canonical_view
+
+        desc, src = canonical_view(desc, src)
     out_shape = tuple(hi - lo for lo, hi in region)
-    out = np.empty(out_shape, _dt.logical_numpy(desc.dtype))
+    dt = _dt.logical_numpy(desc.dtype)
+    if out is None:
+        out = np.empty(out_shape, dt)
+    elif out.shape != out_shape or out.dtype != dt or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {dt} array of shape {out_shape}, found {out.dtype} {out.shape}")
     if out.size == 0:
         return out
     if not region:
@@ -184,11 +338,30 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
         return out
     lo0, hi0 = region[0]
     row = max(1, math.prod(out_shape[1:]))
+    mult = _row_multiple(desc)
     step = max(1, CHUNK_ELEMENTS // row)
-    for start in range(lo0, hi0, step):
+    step = max(mult, step // mult * mult)
+    direct = desc.dtype == "float32"
+
+    def run(start: int) -> None:
         stop = min(hi0, start + step)
         sub = ((start, stop),) + tuple(region[1:])
-        out[start - lo0 : stop - lo0] = _round_to(decode_region(desc, src, sub, tensor=tensor), desc.dtype)
+        dst = out[start - lo0 : stop - lo0]
+        if direct:
+            decode_region(desc, src, sub, tensor=tensor, out=dst)
+        else:
+            dst[...] = _round_to(decode_region(desc, src, sub, tensor=tensor), desc.dtype)
+
+    starts = range(lo0, hi0, step)
+    n = THREADS if threads is None else threads
+    n = min(8, os.cpu_count() or 1) if n is None else max(1, int(n))
+    if n > 1 and len(starts) >= 2 * n:
+        # map() yields in chunk order, so the first failing chunk's error is the one raised
+        for _ in _pool(n).map(run, starts):
+            pass
+    else:
+        for start in starts:
+            run(start)
     return out
 
 

@@ -25,6 +25,8 @@ LOGICAL_DTYPES = ("float32", "float16", "bfloat16")
 EXTENSION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+$")
 #: Extensions this implementation understands (none in 1.0).
 KNOWN_EXTENSIONS: frozenset[str] = frozenset()
+#: The specification version this reader implements (major, minor): SPEC.md §3.4.
+READER_VERSION = (1, 1)
 
 # Which storage dtypes may carry which role.
 _CONTAINER_DTYPES = {
@@ -350,11 +352,19 @@ def codes_shape(desc: Descriptor) -> tuple[tuple[int, ...], int, int]:
     return sshape, length, p.words_per_row(length, bits)
 
 
-def validate_descriptor(name: str, desc: Descriptor, src: Source, depth: int = 0, newer: bool = False) -> list[QFormatError]:
+def validate_descriptor(name: str, desc: Descriptor, src: Source, depth: int = 0, newer: bool = False,
+                        minor: int | None = None) -> list[QFormatError]:
     """Every semantic problem of ``desc`` against the components in ``src``.
 
-    Does not read payload bytes except small group-index checks are left to :mod:`qformat.check`.
+    ``minor`` is the minor version the file declares (default: this reader's, or one above it
+    when ``newer``): a device layout is known only in files of the version that defines it or
+    later (SPEC.md §11).  Does not read payload bytes except small group-index checks are left
+    to :mod:`qformat.check`.
     """
+    from . import layouts as _layouts
+
+    if minor is None:
+        minor = READER_VERSION[1] + (1 if newer else 0)
     probs: list[QFormatError] = []
     lim = tables.limits()
 
@@ -371,10 +381,7 @@ def validate_descriptor(name: str, desc: Descriptor, src: Source, depth: int = 0
     if desc.dtype not in LOGICAL_DTYPES:
         add("DTYPE_INVALID", "dtype", f"expected one of {', '.join(LOGICAL_DTYPES)}, found {desc.dtype!r}")
     probs.extend(extension_problems(desc.extensions, newer, "tensor", tensor=name))
-    if desc.layout not in tables.layouts():
-        add("LAYOUT_UNKNOWN", "layout.name", f"expected one of {sorted(tables.layouts())}, found {desc.layout!r}")
-    elif desc.layout == "canonical" and desc.layout_parameters:
-        add("LAYOUT_INVALID", "layout.parameters", f"layout 'canonical' takes no parameters, found {sorted(desc.layout_parameters)}")
+    probs.extend(_layouts.problems(desc, minor, READER_VERSION[1], depth, tensor=name))  # SPEC.md §11
     if probs:
         return probs
 
@@ -413,7 +420,11 @@ def validate_descriptor(name: str, desc: Descriptor, src: Source, depth: int = 0
             if info.dtype not in _CONTAINER_DTYPES[p.container]:
                 add("COMPONENT_DTYPE", "codes.tensor", f"a {p.container}-bit container needs one of {sorted(_CONTAINER_DTYPES[p.container])}, found {info.dtype}")
             sshape, length, wpr = codes_shape(desc)
-            if p.axis is None:
+            if desc.layout != "canonical":  # the device tensor's own shape replaces §7.4 (§11)
+                want_dev = _layouts.codes_component_shape(desc)
+                if info.shape != want_dev:
+                    add("COMPONENT_SHAPE", "codes.tensor", f"layout {desc.layout!r} stores the codes as {list(want_dev)}, found {list(info.shape)}")
+            elif p.axis is None:
                 if math.prod(info.shape) != wpr:
                     add("COMPONENT_SHAPE", "codes.tensor", f"expected {wpr} containers in all for {desc.numel} codes of {el.bits} bits, found shape {list(info.shape)} ({math.prod(info.shape)})")
             else:
@@ -423,11 +434,12 @@ def validate_descriptor(name: str, desc: Descriptor, src: Source, depth: int = 0
 
     # params
     for prm in desc.params():
-        probs.extend(_validate_param(name, desc, prm, src, depth, newer))
+        probs.extend(_validate_param(name, desc, prm, src, depth, newer, minor))
     return probs
 
 
-def _validate_param(name: str, desc: Descriptor, prm: Param, src: Source, depth: int, newer: bool) -> list[QFormatError]:
+def _validate_param(name: str, desc: Descriptor, prm: Param, src: Source, depth: int, newer: bool,
+                    minor: int | None = None) -> list[QFormatError]:
     probs: list[QFormatError] = []
     role = prm.role
     rank = len(desc.shape)
@@ -479,7 +491,7 @@ def _validate_param(name: str, desc: Descriptor, prm: Param, src: Source, depth:
     if enc.shape != grid:
         add("SHAPE_INVALID", f"{role}.encoded.shape", f"an encoded parameter's shape must equal its grid {list(grid)}, found {list(enc.shape)}")
         return probs
-    for p in validate_descriptor(name, enc, src, depth + 1, newer):
+    for p in validate_descriptor(name, enc, src, depth + 1, newer, minor):
         p.field = f"{role}.encoded.{p.field}" if p.field else f"{role}.encoded"
         probs.append(error(p.code, p.message, tensor=name, field=p.field))
     return probs

@@ -14,11 +14,13 @@ from .container import Entry, Header, read_header, write_file
 from .decode import Region, decode
 from .descriptor import Descriptor, parse_descriptor, validate_descriptor
 from .errors import QFormatError, error
-from .model import METADATA_KEY, FileModel, interpret
+from .model import METADATA_KEY, FileModel, interpret, required_version
 from .qtensor import QTensor
 from .sources import ArraySource, TensorInfo
 
-SPEC_VERSION = "1.0"
+#: The specification version this implementation implements; files record
+#: :func:`~qformat.model.required_version` of their descriptors instead (SPEC.md §17.1).
+SPEC_VERSION = "1.1"
 
 
 class FileSource:
@@ -258,7 +260,7 @@ def prepare(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = Non
         if name in arrays and owner.get(name) != name:
             raise error("SAVE_INVALID", f"logical name {name!r} collides with a stored tensor", tensor=name)
     if descs:
-        meta[METADATA_KEY] = json.dumps({"version": SPEC_VERSION, "tensors": descs}, separators=(",", ":"), sort_keys=True)
+        meta[METADATA_KEY] = json.dumps({"version": required_version(descs), "tensors": descs}, separators=(",", ":"), sort_keys=True)
     return arrays, meta
 
 

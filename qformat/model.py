@@ -15,12 +15,11 @@ from typing import Any
 
 from . import tables
 from .container import Header, _Dup, strict_json
-from .descriptor import Descriptor, Extension, depth_of, extension_problems, schema_code, schema_messages, validate_descriptor
+from .descriptor import READER_VERSION, Descriptor, Extension, depth_of, extension_problems, schema_code, schema_messages, validate_descriptor
 from .errors import QFormatError, error
 from .sources import Source
 
 METADATA_KEY = "qformat"
-READER_VERSION = (1, 0)
 VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})$")
 _SUB_BYTE = {"F4", "F6_E2M3", "F6_E3M2"}
 
@@ -44,6 +43,14 @@ class FileModel:
     def logical_names(self) -> list[str]:
         """Names a reader returns: plain tensors and logical tensors, sorted."""
         return sorted(set(self.plain) | set(self.raw))
+
+
+def required_version(descriptors: Any) -> str:
+    """The version a writer records for these descriptors (dicts or Descriptors): the lowest one
+    whose features they use (SPEC.md §17.1), ``"1.0"`` unless a 1.1 feature appears."""
+    from .layouts import required_version as _rv
+
+    return _rv(descriptors.values() if isinstance(descriptors, dict) else descriptors)
 
 
 def parse_version(v: Any) -> tuple[int, int] | QFormatError:
@@ -131,7 +138,7 @@ def interpret(header: Header, src: Source) -> FileModel:
                     continue
                 own[comp] = is_index
                 claims.setdefault(comp, []).append(name)
-            probs.extend(validate_descriptor(name, desc, src, newer=newer))
+            probs.extend(validate_descriptor(name, desc, src, newer=newer, minor=ver[1]))
             if not probs:
                 m.descriptors[name] = desc
         if probs:

@@ -74,6 +74,8 @@ def axis_periods(desc: Descriptor) -> tuple[int | None, ...]:
     per: list[int | None] = [1] * rank
     if rank == 0:
         return ()
+    if desc.layout != "canonical":  # a device layout is cut only whole (SPEC.md §11.1)
+        return (None,) * rank
     p = desc.codes.packing
     bits = desc.codes.element.bits
     align = p.element_alignment(bits)
@@ -306,6 +308,10 @@ def slice_qtensor(desc: Descriptor, src: Source, region: Any) -> tuple[dict[str,
     reg = normalize_region(desc, region)
     if not is_aligned(desc, reg):
         raise error("SLICE_INVALID", "region is not block-aligned: " + describe_alignment(desc, reg))
+    if desc.layout != "canonical":  # the whole tensor, handed out in its canonical layout (§11.1)
+        from .layouts import canonical_view
+
+        desc, src = canonical_view(desc, src)
     out = _Out()
     sub = _slice(desc, src, reg, out)
     return sub, out.comps

@@ -293,6 +293,35 @@ def C(code: str, id: str, make: Callable[[], bytes], load: str = "raises", bug: 
     return pytest.param(FileCase(code, make, load, frozenset(also)), id=f"{code}-{id}", marks=marks)
 
 
+def device_w(layout: str, params: dict | None = None, shape: tuple[int, int] = (64, 128), bits: int = 4,
+             group: int | None = 32, mutate: Callable[[dict, dict], None] | None = None) -> Callable[[dict, dict], None]:
+    """Edit: replace "w" by a valid tensor in a 1.1 device layout (SPEC.md §11), then ``mutate``
+    its (descriptor, components)."""
+    def edit(descs: dict, tensors: dict) -> None:
+        from qformat.layouts import to_layout
+
+        for k in [k for k in tensors if k.startswith("w.")]:
+            tensors.pop(k)
+        w = np.random.default_rng(3).normal(size=shape).astype(np.float32)
+        qt = qformat.quantize(w, "int", bits=bits, group_size=group, symmetric=True, dtype="bfloat16")
+        qt = qt.renamed(lambda c: "w." + c)
+        d, c = to_layout(qt.descriptor, qt.components, layout, params)
+        if mutate is not None:
+            mutate(d, c)
+        descs["w"] = d
+        tensors.update(c)
+    return edit
+
+
+def _set(path: str, value: Any) -> Callable[[dict, dict], None]:
+    def m(d: dict, c: dict) -> None:
+        *head, last = path.split(".")
+        for k in head:
+            d = d[k]
+        d[last] = value
+    return m
+
+
 _BIG = struct.pack("<Q", 100_000_001)
 _TWO = json.dumps({"t": ENT, "u": dict(ENT, data_offsets=[8, 16])})
 
@@ -472,8 +501,8 @@ FILE_CASES = [
     C("BLOCKS_INVALID", "unknown-blocks-type", W(setf("scale.blocks.type", "tiles"))),
     C("BLOCKS_INVALID", "unknown-blocks-field", W(setf("scale.blocks.future", 1))),
     C("BLOCKS_INVALID", "zero-and-scale-blocks", W(setf("scale.blocks.size", [1, 0]), setf("zero.blocks.size", [0, 4]))),
-    C("FEATURE_UNSUPPORTED", "1.1-unknown-descriptor-field", W(setf("future", 1), version="1.1")),
-    C("FEATURE_UNSUPPORTED", "1.1-unknown-element-field", W(setf("codes.element.future", 1), version="1.1")),
+    C("FEATURE_UNSUPPORTED", "1.2-unknown-descriptor-field", W(setf("future", 1), version="1.2")),
+    C("FEATURE_UNSUPPORTED", "1.2-unknown-element-field", W(setf("codes.element.future", 1), version="1.2")),
     C("EXTENSION_NAME_INVALID", "file-no-dot", W(top={"extensions": [{"name": "nodots"}]})),
     C("EXTENSION_NAME_INVALID", "file-upper", W(top={"extensions": [{"name": "Org.Example", "must_understand": False}]})),
     C("EXTENSION_NAME_INVALID", "file-empty-part", W(top={"extensions": [{"name": "org..x"}]})),
@@ -496,11 +525,27 @@ FILE_CASES = [
     C("EXTENSION_UNKNOWN", "file-scope-explicit", W(top={"extensions": [{"name": "org.example.x", "must_understand": True}]})),
     C("EXTENSION_UNKNOWN", "tensor-scope", W(setf("extensions", [{"name": "org.example.x", "configuration": {"a": 1}}]))),
     C("EXTENSION_UNKNOWN", "nested-descriptor", W(nested(2), setf("scale.encoded.extensions", [{"name": "org.example.x"}]))),
-    C("EXTENSION_UNKNOWN", "reserved-name-in-newer-minor", W(top={"extensions": [{"name": "qformat.future"}]}, version="1.1")),
+    C("EXTENSION_UNKNOWN", "reserved-name-in-newer-minor", W(top={"extensions": [{"name": "qformat.future"}]}, version="1.2")),
     # -- descriptor semantics ------------------------------------------------------------
     C("LAYOUT_UNKNOWN", "marlin", W(setf("layout", {"name": "marlin", "parameters": {}}))),
     C("LAYOUT_UNKNOWN", "cpu-int4pack", W(setf("layout", {"name": "cpu_int4pack"}))),
     C("LAYOUT_INVALID", "canonical-with-parameters", W(setf("layout", {"name": "canonical", "parameters": {"tile": 16}}))),
+    # -- device layouts (1.1, SPEC.md §11) -----------------------------------------------
+    C("LAYOUT_FORBIDDEN", "tinygemm-cpu", W(setf("layout", {"name": "tinygemm_int4_cpu"}), version="1.1")),
+    C("LAYOUT_FORBIDDEN", "tinygemm-cpu-with-parameters", W(setf("layout", {"name": "tinygemm_int4_cpu", "parameters": {"inner_k_tiles": 2}}), version="1.1")),
+    C("LAYOUT_UNKNOWN", "tinygemm-cpu-in-1.0-file", W(setf("layout", {"name": "tinygemm_int4_cpu"}))),
+    C("LAYOUT_UNKNOWN", "tinygemm-cuda-in-1.0-file", W(device_w("tinygemm_int4_cuda", {"inner_k_tiles": 2}))),
+    C("LAYOUT_INVALID", "tinygemm-inner-k-tiles-16", W(device_w("tinygemm_int4_cuda", {"inner_k_tiles": 2}, mutate=_set("layout.parameters.inner_k_tiles", 16)), version="1.1")),
+    C("LAYOUT_INVALID", "tinygemm-no-parameters", W(device_w("tinygemm_int4_cuda", {"inner_k_tiles": 2}, mutate=_set("layout.parameters", {})), version="1.1")),
+    C("LAYOUT_INVALID", "marlin-unknown-parameter", W(device_w("marlin_dense", {}, mutate=_set("layout.parameters", {"tile": 16})), version="1.1")),
+    C("FEATURE_UNSUPPORTED", "tinygemm-inner-k-tiles-16-newer-minor", W(device_w("tinygemm_int4_cuda", {"inner_k_tiles": 2}, mutate=_set("layout.parameters.inner_k_tiles", 16)), version="1.2")),
+    C("LAYOUT_SHAPE", "tinygemm-k-not-multiple-of-64", W(device_w("tinygemm_int4_cuda", {"inner_k_tiles": 2}, shape=(8, 96), mutate=_set("layout.parameters.inner_k_tiles", 4)), version="1.1")),
+    C("LAYOUT_SHAPE", "marlin-n-not-multiple-of-64", W(device_w("marlin_dense", {}, shape=(64, 128), mutate=_set("shape", [32, 256])), version="1.1")),
+    C("LAYOUT_GROUP_SIZE", "tinygemm-group-16", W(device_w("tinygemm_int4_cuda", {"inner_k_tiles": 2}, shape=(8, 64), mutate=_set("scale.blocks.size", [1, 16])), version="1.1")),
+    C("LAYOUT_GROUP_SIZE", "marlin-group-256", W(device_w("marlin_dense", {}, shape=(64, 512), group=128, mutate=_set("scale.blocks.size", [1, 256])), version="1.1")),
+    C("LAYOUT_MISMATCH", "marlin-unsigned-element", W(device_w("marlin_dense", {}, mutate=_set("codes.element.signedness", "unsigned")), version="1.1")),
+    C("LAYOUT_MISMATCH", "tinygemm-8-bit-container", W(device_w("tinygemm_int4_cuda", {"inner_k_tiles": 2}, mutate=_set("codes.packing.container", 8)), version="1.1")),
+    C("COMPONENT_SHAPE", "tinygemm-device-shape", W(device_w("tinygemm_int4_cuda", {"inner_k_tiles": 2}, mutate=lambda d, c: c.__setitem__("w.codes", c["w.codes"].reshape(8, -1))), version="1.1")),
     C("NAME_CONFLICT", "logical-is-plain", W(lambda d, t: d.__setitem__("b", d.pop("w")))),
     C("NAME_CONFLICT", "logical-is-other-component", W(add_tensor("v"), lambda d, t: d.__setitem__("w.scale", d.pop("v")))),
     C("COMPONENT_MISSING", "codes", W(setf("codes.tensor", "nope"))),
@@ -931,8 +976,8 @@ def test_get_slice_of_schema_invalid_descriptor(bad: Any, write_bytes: Callable[
 
 
 def test_newer_minor_unknown_top_level_member_is_ignored(write_bytes: Callable[..., Path]) -> None:
-    """Minors are additive: a 1.0 reader ignores an optional top-level member a 1.1 file adds."""
-    path = write_bytes(W(top={"future": 1}, version="1.1")())
+    """Minors are additive: a 1.1 reader ignores an optional top-level member a 1.2 file adds."""
+    path = write_bytes(W(top={"future": 1}, version="1.2")())
     assert check_codes(path) == []
     assert qformat.load_file(path)["w"].shape == (4, 8)
     same_minor = write_bytes(W(top={"future": 1})())
@@ -977,7 +1022,7 @@ def _reads_others_but_not_w(path: Path, code: str) -> None:
 
 
 def test_feature_unsupported_is_confined_to_its_tensor(write_bytes: Callable[..., Path]) -> None:
-    path = write_bytes(wfile(add_tensor("v"), setf("future_field", {"x": 1}), version="1.1"))
+    path = write_bytes(wfile(add_tensor("v"), setf("future_field", {"x": 1}), version="1.2"))
     _reads_others_but_not_w(path, "FEATURE_UNSUPPORTED")
 
 
@@ -1035,7 +1080,7 @@ def test_same_extension_name_in_different_lists(write_bytes: Callable[..., Path]
 @pytest.mark.parametrize("scope", ["file", "tensor"])
 def test_reserved_extension_in_newer_minor_is_an_optional_unknown(scope: str, write_bytes: Callable[..., Path]) -> None:
     ext = [{"name": "qformat.future", "must_understand": False}]
-    data = wfile(top={"extensions": ext}, version="1.1") if scope == "file" else wfile(setf("extensions", ext), version="1.1")
+    data = wfile(top={"extensions": ext}, version="1.2") if scope == "file" else wfile(setf("extensions", ext), version="1.2")
     path = write_bytes(data)
     assert check_codes(path) == []
     qformat.load_file(path)
@@ -1322,7 +1367,7 @@ def mutated_descriptor(draw: Any) -> bytes:
             parent[key] = copy.deepcopy(draw(json_values))
     header["__metadata__"]["qformat"] = json.dumps(q)
     if draw(st.booleans()):
-        header["__metadata__"]["qformat"] = header["__metadata__"]["qformat"].replace('"1.0"', draw(st.sampled_from(['"1.1"', '"1.0"'])))
+        header["__metadata__"]["qformat"] = header["__metadata__"]["qformat"].replace('"1.0"', draw(st.sampled_from(['"1.2"', '"1.1"', '"1.0"'])))
     return raw_file(header, data)
 
 

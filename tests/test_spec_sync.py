@@ -138,7 +138,7 @@ def test_title_states_spec_version(spec_text: str) -> None:
     first = spec_text.splitlines()[0]
     m = re.fullmatch(r"# qformat (\d+\.\d+)", first)
     assert m, f"SPEC.md must start with '# qformat MAJOR.MINOR', found {first!r}"
-    assert m.group(1) == "1.0"
+    assert m.group(1) == "1.1"
     assert m.group(1) == qformat.SPEC_VERSION
 
 

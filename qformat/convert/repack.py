@@ -2,7 +2,7 @@
 
 Canonical means what qformat's own encoders write (SPEC.md Appendix A): codes unpacked to
 the logical code grid and packed again into bytes, LSB first, rows along the last logical
-axis (no ``order``, ``slot_order``, ``planes`` or device layout); plain parameters stored in
+axis (no ``order``, ``slot_order``, ``planes``; a device layout is unpacked first); plain parameters stored in
 the orientation of their grid (no ``order``); nested descriptors repacked the same way.
 Elements, blocks, operations and parameter storage dtypes are kept, so every decoded value
 is unchanged: only where the bits sit changes.  Component names become
@@ -33,7 +33,11 @@ def repack(name: str, desc: Descriptor, src: Source) -> tuple[dict[str, Any], di
 
 def _repack(prefix: str, desc: Descriptor, src: Source, arrays: dict[str, np.ndarray], renamed: dict[str, str]) -> dict[str, Any]:
     if desc.layout != "canonical":
-        raise error("CONVERT_UNSUPPORTED", f"codes in device layout {desc.layout!r} cannot be repacked", tensor=prefix)
+        # A device layout (SPEC.md §11) is a permutation of its canonical component: unpack it
+        # exactly (NumPy reference, qformat.layouts) and repack the codes like any other.
+        from ..layouts import canonical_view
+
+        desc, src = canonical_view(desc, src)
     codes = read_codes(desc, src, full_region(desc.shape))
     el = desc.codes.element
     element = el.to_dict()

@@ -27,7 +27,8 @@ from ..check import check_file
 from ..container import write_file
 from ..descriptor import parse_descriptor, validate_descriptor
 from ..errors import QFormatError, error
-from ..io import SPEC_VERSION
+from ..io import SPEC_VERSION  # noqa: F401  (kept for importers)
+from ..model import required_version
 from ..model import METADATA_KEY
 from ..sources import TensorInfo
 from .base import Checkpoint, Described, source_error
@@ -160,7 +161,8 @@ def _metadata(ck: Checkpoint, file: str, described: Described, descs: dict[str, 
     meta.pop(METADATA_KEY, None)
     meta.update(described.metadata)
     if descs:
-        meta[METADATA_KEY] = json.dumps({"version": SPEC_VERSION, "tensors": descs}, separators=(",", ":"), sort_keys=True)
+        # The lowest version whose features the file uses (SPEC.md §17.1): "1.0" unless a 1.1 layout.
+        meta[METADATA_KEY] = json.dumps({"version": required_version(descs), "tensors": descs}, separators=(",", ":"), sort_keys=True)
     return meta
 
 

@@ -317,6 +317,10 @@ def decode_traced(desc: Descriptor, comps: Mapping[str, jax.Array], exact: bool 
     shape = desc.shape
     if math.prod(shape) == 0:
         return jnp.zeros(shape, _JNP_LOGICAL[desc.dtype]), jnp.bool_(True)
+    if desc.layout != "canonical":  # a device layout: static gathers to canonical (SPEC.md §11)
+        from ._layouts import canonical
+
+        desc, comps = canonical(desc, comps, _bits)
     codes = read_codes(desc, comps)
     table, valid = _element_table(desc, comps)
     ok = jnp.bool_(True)

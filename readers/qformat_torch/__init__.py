@@ -10,7 +10,11 @@
 * :func:`shard_bounds`: tensor-parallel bounds, block-aligned where the descriptor allows;
 * interop with bitsandbytes (:mod:`qformat_torch.interop_bnb`) and torchao
   (:mod:`qformat_torch.interop_torchao`), imported on first use;
-* :func:`conformance_reader`: the conformance runner's in-process protocol.
+* :func:`conformance_reader`: the conformance runner's in-process protocol;
+* device layouts (SPEC.md §11, :mod:`qformat_torch.layouts`): tensors stored in
+  ``tinygemm_int4_cuda`` or ``marlin_dense`` decode like any other; ``save_file(...,
+  canonical=True)`` unpacks them; :class:`~qformat_torch.layouts.TinyGemmLinear` repacks
+  canonical int4 weights into tinygemm for the running device at load time.
 
 Reach it as ``qformat.torch`` or ``import qformat_torch``.
 """
@@ -25,7 +29,7 @@ from .slicing import shard_bounds, shard_period
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
     """``interop_bnb`` / ``interop_torchao`` load their libraries only when asked for."""
-    if name in ("interop_bnb", "interop_torchao"):
+    if name in ("interop_bnb", "interop_torchao", "layouts"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

@@ -32,7 +32,9 @@ from qformat.packing import Packing
 from ._convert import LOGICAL_TORCH, int_view_dtype
 from .sources import TorchSource
 
-#: Elements decoded per chunk of a full decode (bounds temporaries to a few hundred MB).
+#: Elements decoded per chunk of a full decode (temporaries of 16 MB).  Each chunk's ops are
+#: intra-op parallel regions; fewer, larger chunks keep torch's thread barriers rare, which matters
+#: when the cores are shared (smaller chunks measured 5x slower with 2 threads on a busy machine).
 CHUNK_ELEMENTS = 1 << 22
 
 Region = tuple[tuple[int, int], ...]
@@ -312,16 +314,107 @@ def _grid_box(prm: Param, src: TorchSource, box: Region, grid: tuple[int, ...], 
     return widen(t, info.dtype)
 
 
+# -- fast paths: the same operations on the same binary32 values, in fewer passes -------------------
+_BYTE_ITEM = {1: torch.float32, 2: torch.float64, 4: torch.complex128}
+
+
+@lru_cache(maxsize=128)
+def _byte_table(table: bytes, bits: int, p: Packing, device: torch.device) -> torch.Tensor:
+    """The core's per-byte table (the values of the codes in each of the 256 byte values, in
+    element order, built with the reference unpacker) as one item per byte on the device."""
+    from qformat.decode import _byte_table as core_byte_table
+
+    bt = core_byte_table(table, bits, p)
+    return torch.from_numpy(bt.view(np.float32).copy()).view(_BYTE_ITEM[p.slots_per_word(bits)]).to(device)
+
+
+def _fast_values(desc: Descriptor, src: TorchSource, region: Region, table: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Element values of ``region`` by one lookup per packed byte (None: use the general path)."""
+    p = desc.codes.packing
+    bits = desc.codes.element.bits
+    rank = len(desc.shape)
+    if rank == 0 or p.container != 8 or p.order is not None or p.axis != rank - 1 or p.planes_span is not None or not p.uses_slots(bits):
+        return None
+    n = p.slots_per_word(bits)
+    c0, c1 = region[-1]
+    if n not in _BYTE_ITEM or c0 % n or (c1 - c0) % n:
+        return None
+    idx = tuple(slice(lo, hi) for lo, hi in region[:-1]) + (slice(c0 // n, c1 // n),)
+    words = src.read(desc.codes.tensor, box=idx).view(torch.uint8)
+    bt = _byte_table(table.cpu().numpy().tobytes(), bits, p, table.device)
+    if out is None:
+        out = torch.empty(tuple(hi - lo for lo, hi in region), dtype=torch.float32, device=table.device)
+    torch.index_select(bt, 0, words.reshape(-1).to(torch.int32), out=out.view(bt.dtype).reshape(-1))
+    return out
+
+
+def _fast_param(prm: Param, desc: Descriptor, src: TorchSource, region: Region, depth: int) -> tuple[tuple[int, ...], torch.Tensor] | None:
+    """(a shape to view the region's values in, the parameter's values in a shape broadcasting
+    against it) without expanding the parameter, or None where blocks do not tile the region."""
+    b = prm.blocks
+    grid = b.grid_shape(desc.shape)
+    if b.type == "flat":
+        size = int(b.size)  # type: ignore[arg-type]
+        if any(region[a] != (0, desc.shape[a]) for a in range(1, len(region))):
+            return None
+        inner = math.prod(desc.shape[1:])
+        f0, f1 = region[0][0] * inner, region[0][1] * inner
+        if f0 % size or (f1 - f0) % size:
+            return None
+        vals = _grid_box(prm, src, ((f0 // size, f1 // size),), grid, depth)
+        return ((f1 - f0) // size, size), vals.reshape(-1, 1)
+    if b.index is not None:
+        return None
+    xshape: list[int] = []
+    vshape: list[int] = []
+    box = []
+    for (lo, hi), s in zip(region, b.size):  # type: ignore[arg-type]
+        n = hi - lo
+        if s is None:
+            box.append((0, 1))
+            xshape.append(n)
+            vshape.append(1)
+        elif s == 1:
+            box.append((lo, hi))
+            xshape.append(n)
+            vshape.append(n)
+        elif lo % s == 0 and n % s == 0:
+            box.append((lo // s, hi // s))
+            xshape += [n // s, s]
+            vshape += [n // s, 1]
+        else:
+            return None
+    vals = _grid_box(prm, src, tuple(box), grid, depth)
+    return tuple(xshape), vals.reshape(vshape)
+
+
 # -- decoding ----------------------------------------------------------------------------------------
-def decode_region(desc: Descriptor, src: TorchSource, region: Region, depth: int = 0, tensor: str | None = None) -> torch.Tensor:
-    """Decode ``region`` to binary32 (before the cast to the logical dtype)."""
-    codes = read_codes(desc, src, region)
+def decode_region(desc: Descriptor, src: TorchSource, region: Region, depth: int = 0, tensor: str | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode ``region`` to binary32 (before the cast to the logical dtype).
+
+    ``out`` (contiguous binary32 of the region's shape) may receive the values (the result is
+    returned either way; it is ``out`` on the fast path).
+    """
+    if desc.layout != "canonical":  # a device layout: unpack to canonical first (SPEC.md §11)
+        from .layouts import canonical_view
+
+        desc, src = canonical_view(desc, src)
     table, valid = element_table(desc, src)
-    if valid < table.numel() and codes.numel() and int(codes.max()) >= valid:
-        raise error("CODE_OUT_OF_RANGE", f"code {int(codes.max())} is past the end of a {valid}-entry codebook", tensor=tensor, field="codes.tensor")
-    x = table[codes]
+    x = _fast_values(desc, src, region, table, out) if valid == table.numel() and region else None
+    if x is None:
+        codes = read_codes(desc, src, region)
+        if valid < table.numel() and codes.numel() and int(codes.max()) >= valid:
+            raise error("CODE_OUT_OF_RANGE", f"code {int(codes.max())} is past the end of a {valid}-entry codebook", tensor=tensor, field="codes.tensor")
+        x = table[codes]
     # One op per step: torch's elementwise kernels never contract these into a fused multiply-add.
     for prm in desc.params():
+        fast = _fast_param(prm, desc, src, region, depth) if region and x.is_contiguous() else None
+        if fast is not None:
+            xshape, v = fast
+            xv = x.view(xshape)
+            getattr(torch, prm.arith)(xv, v, out=xv)  # in place: x is this function's own tensor
+            continue
         v = param_values(prm, desc, src, region, depth)
         x = getattr(torch, prm.arith)(x, v)  # torch.subtract / multiply / divide / add
     return x
@@ -336,6 +429,10 @@ def decode(desc: Descriptor, src: TorchSource, region: Region | None = None, ten
     """Decode ``region`` (default: everything) to the logical dtype, chunk by chunk along axis 0."""
     if region is None:
         region = full_region(desc.shape)
+    if desc.layout != "canonical":  # once per call (SPEC.md §11)
+        from .layouts import canonical_view
+
+        desc, src = canonical_view(desc, src)
     out_shape = tuple(hi - lo for lo, hi in region)
     dt = LOGICAL_TORCH[desc.dtype]
     if any(n == 0 for n in out_shape):
@@ -345,11 +442,17 @@ def decode(desc: Descriptor, src: TorchSource, region: Region | None = None, ten
     lo0, hi0 = region[0]
     row = max(1, math.prod(out_shape[1:]))
     step = max(1, CHUNK_ELEMENTS // row)
-    if hi0 - lo0 <= step:
-        return round_to(decode_region(desc, src, region, tensor=tensor), desc.dtype).reshape(out_shape)
+    # keep parameter blocks whole along axis 0 in each chunk, so the fast parameter path applies
+    from qformat.decode import _row_multiple
+
+    mult = _row_multiple(desc)
+    step = max(mult, step // mult * mult)
     out = torch.empty(out_shape, dtype=dt, device=src.device)
     for start in range(lo0, hi0, step):
         stop = min(hi0, start + step)
         sub = ((start, stop),) + tuple(region[1:])
-        out[start - lo0 : stop - lo0] = round_to(decode_region(desc, src, sub, tensor=tensor), desc.dtype)
+        dst = out[start - lo0 : stop - lo0]
+        x = decode_region(desc, src, sub, tensor=tensor, out=dst if dt == torch.float32 else None)
+        if x.data_ptr() != dst.data_ptr():
+            dst.copy_(round_to(x, desc.dtype))  # the same round-to-nearest-even cast as .to()
     return out

@@ -123,10 +123,18 @@ def to_core(value: Any) -> Any:
     return value
 
 
-def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str], metadata: Mapping[str, str] | None = None) -> None:
+def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str], metadata: Mapping[str, str] | None = None,
+              canonical: bool = False) -> None:
     """Write torch tensors, :class:`TorchQTensor`, :class:`qformat.QTensor` (and NumPy arrays)
-    to ``path`` atomically.  Components of a packed tensor are saved byte for byte."""
-    qformat.save_file({k: to_core(v) for k, v in tensors.items()}, path, metadata)
+    to ``path`` atomically.  Components of a packed tensor are saved byte for byte, or, with
+    ``canonical``, a tensor in a device layout (SPEC.md §11) is unpacked to layout
+    ``canonical`` first (lossless; the file is then readable by 1.0 readers)."""
+    core = {k: to_core(v) for k, v in tensors.items()}
+    if canonical:
+        from .layouts import to_canonical
+
+        core = {k: (to_canonical(v) if isinstance(v, qformat.QTensor) else v) for k, v in core.items()}
+    qformat.save_file(core, path, metadata)
 
 
 def load_checkpoint(path: str | os.PathLike[str], device: Any = "cpu") -> dict[str, torch.Tensor]:
