@@ -150,7 +150,10 @@ def _check_codes(name: str, desc: Descriptor, src: Any, field_prefix: str) -> li
     # Every code is valid unless a codebook table is shorter than 2**bits; then codes are unpacked.
     need_codes = valid < (1 << bits)
     if p.axis is not None:
+        if words.size == 0:  # no rows: nothing to scan (and no row-sized mask to allocate)
+            return probs
         # Padding sits at the same bits of every row: test only the containers that have any.
+        # (A row's mask is no larger than the stored row, which the file holds.)
         mask = _padding_mask(p, bits, length, wpr)
         cols = np.flatnonzero(mask)
         for block in _iter_row_blocks(words, p.axis, wpr):

@@ -318,14 +318,22 @@ def _grid_box(prm: Param, src: TorchSource, box: Region, grid: tuple[int, ...], 
 _BYTE_ITEM = {1: torch.float32, 2: torch.float64, 4: torch.complex128}
 
 
-@lru_cache(maxsize=128)
 def _byte_table(table: bytes, bits: int, p: Packing, device: torch.device) -> torch.Tensor:
     """The core's per-byte table (the values of the codes in each of the 256 byte values, in
     element order, built with the reference unpacker) as one item per byte on the device."""
     from qformat.decode import _byte_table as core_byte_table
 
-    bt = core_byte_table(table, bits, p)
-    return torch.from_numpy(bt.view(np.float32).copy()).view(_BYTE_ITEM[p.slots_per_word(bits)]).to(device)
+    return _to_device(core_byte_table(table, bits, p), p.slots_per_word(bits), device)
+
+
+@lru_cache(maxsize=128)
+def _to_device_cached(raw: bytes, n: int, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(raw, np.float32).copy()).view(_BYTE_ITEM[n]).to(device)
+
+
+def _to_device(bt: np.ndarray, n: int, device: torch.device) -> torch.Tensor:
+    """The table on the device, cached on its bytes (so it follows the core's table exactly)."""
+    return _to_device_cached(bt.tobytes(), n, device)
 
 
 def _fast_values(desc: Descriptor, src: TorchSource, region: Region, table: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -333,18 +341,36 @@ def _fast_values(desc: Descriptor, src: TorchSource, region: Region, table: torc
     p = desc.codes.packing
     bits = desc.codes.element.bits
     rank = len(desc.shape)
-    if rank == 0 or p.container != 8 or p.order is not None or p.axis != rank - 1 or p.planes_span is not None or not p.uses_slots(bits):
+    if rank == 0 or p.container != 8 or p.order is not None or p.planes_span is not None or not p.uses_slots(bits):
         return None
     n = p.slots_per_word(bits)
-    c0, c1 = region[-1]
-    if n not in _BYTE_ITEM or c0 % n or (c1 - c0) % n:
+    if n not in _BYTE_ITEM:
         return None
-    idx = tuple(slice(lo, hi) for lo, hi in region[:-1]) + (slice(c0 // n, c1 // n),)
-    words = src.read(desc.codes.tensor, box=idx).view(torch.uint8)
+    if p.axis is None:  # one row: whole logical rows are a contiguous run of bytes
+        if any(region[a] != (0, desc.shape[a]) for a in range(1, rank)):
+            return None
+        inner = math.prod(desc.shape[1:])
+        e0, e1 = region[0][0] * inner, region[0][1] * inner
+        if e0 % n or (e1 - e0) % n:
+            return None
+        flat_box: tuple[slice, ...] | None = (slice(e0 // n, e1 // n),)
+    elif p.axis == rank - 1:
+        flat_box = None
+    else:
+        return None
+    c0, c1 = region[-1]
+    if flat_box is None and (c0 % n or (c1 - c0) % n):
+        return None
+    if flat_box is not None:
+        _, _, wpr = codes_shape(desc)
+        words = src.read(desc.codes.tensor, shape=(wpr,), box=flat_box).view(torch.uint8)
+    else:
+        idx = tuple(slice(lo, hi) for lo, hi in region[:-1]) + (slice(c0 // n, c1 // n),)
+        words = src.read(desc.codes.tensor, box=idx).view(torch.uint8)
     bt = _byte_table(table.cpu().numpy().tobytes(), bits, p, table.device)
     if out is None:
         out = torch.empty(tuple(hi - lo for lo, hi in region), dtype=torch.float32, device=table.device)
-    torch.index_select(bt, 0, words.reshape(-1).to(torch.int32), out=out.view(bt.dtype).reshape(-1))
+    torch.index_select(bt, 0, words.reshape(-1).to(torch.int32), out=out.reshape(-1).view(bt.dtype))
     return out
 
 
@@ -448,11 +474,13 @@ def decode(desc: Descriptor, src: TorchSource, region: Region | None = None, ten
     mult = _row_multiple(desc)
     step = max(mult, step // mult * mult)
     out = torch.empty(out_shape, dtype=dt, device=src.device)
+    # binary32 values of a narrower logical dtype go through one reused chunk buffer
+    scratch = None if dt == torch.float32 else torch.empty((min(step, hi0 - lo0),) + out_shape[1:], dtype=torch.float32, device=src.device)
     for start in range(lo0, hi0, step):
         stop = min(hi0, start + step)
         sub = ((start, stop),) + tuple(region[1:])
         dst = out[start - lo0 : stop - lo0]
-        x = decode_region(desc, src, sub, tensor=tensor, out=dst if dt == torch.float32 else None)
+        x = decode_region(desc, src, sub, tensor=tensor, out=dst if scratch is None else scratch[: stop - start])
         if x.data_ptr() != dst.data_ptr():
             dst.copy_(round_to(x, desc.dtype))  # the same round-to-nearest-even cast as .to()
     return out

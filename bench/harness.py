@@ -1,0 +1,605 @@
+"""The benchmark: ``python -m bench`` (full run, minutes) or ``python -m bench --quick`` (seconds).
+
+Every row is the median of ``--reps`` timed repetitions after one warm-up, on data built in
+this run, next to a NumPy memcpy (``np.copyto`` into a preallocated array) of the row's
+output size measured in the same run: ``x memcpy`` is memcpy's time over the row's time (1.0 =
+as fast as copying the output).  Comparisons with other libraries (gguf-py, bitsandbytes,
+torchao, safetensors) decode the same values; the harness checks that the outputs are equal
+bit for bit before timing them.  Targets (issue point 2) are evaluated on these ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+import qformat
+from qformat import decode as qdecode
+from qformat.descriptor import parse_descriptor
+from qformat.sources import ArraySource
+
+MB = 1 << 20
+
+
+# -- timing ---------------------------------------------------------------------------------
+class Run:
+    """Rows, targets and the memcpy baselines of one run."""
+
+    def __init__(self, reps: int, quick: bool):
+        self.reps = reps
+        self.quick = quick
+        self.rows: list[dict[str, Any]] = []
+        self.targets: list[dict[str, Any]] = []
+        self._memcpy: dict[int, float] = {}
+
+    def time(self, fn: Callable[[], Any], reps: int | None = None) -> float:
+        """Median seconds of ``reps`` calls after one warm-up call."""
+        fn()
+        ts = []
+        for _ in range(reps or self.reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    def memcpy(self, nbytes: int) -> float:
+        """Median seconds of np.copyto of ``nbytes`` into a preallocated array (measured once per size)."""
+        if nbytes not in self._memcpy:
+            a = np.ones(nbytes // 4, np.float32)
+            b = np.empty_like(a)
+            self._memcpy[nbytes] = self.time(lambda: np.copyto(b, a), max(self.reps, 5))
+            del a, b
+        return self._memcpy[nbytes]
+
+    def row(self, section: str, name: str, seconds: float, out_bytes: int, ref: str | None = None, note: str = "") -> dict[str, Any]:
+        base = self.memcpy(out_bytes)
+        r = {"section": section, "name": name, "ms": seconds * 1e3, "out_MB": out_bytes / MB,
+             "GBps": out_bytes / seconds / 1e9, "x_memcpy": base / seconds, "memcpy_ms": base * 1e3, "note": note}
+        if ref is not None:
+            other = next(x for x in self.rows if x["section"] == section and x["name"] == ref)
+            r["vs"] = ref
+            r["x_vs"] = other["ms"] / r["ms"]
+        self.rows.append(r)
+        vs = f"  {r['x_vs']:6.2f}x {ref}" if ref else ""
+        print(f"  {name:<44} {r['ms']:9.2f} ms {r['GBps']:7.2f} GB/s {r['x_memcpy']:6.3f}x memcpy{vs}", flush=True)
+        return r
+
+    def target(self, what: str, measured: float, required: float, unit: str = "x") -> None:
+        met = measured >= required
+        self.targets.append({"target": what, "measured": measured, "required": required, "unit": unit, "met": met})
+
+
+def _same_bits(a: Any, b: Any) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype.itemsize != b.dtype.itemsize:
+        return False
+    u = {2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
+    return bool(np.array_equal(a.view(u), b.view(u)))
+
+
+def _torch_np(t: Any) -> np.ndarray:
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+# -- synthetic quantized tensors (decode speed does not depend on the values) -------------------
+def _pk(axis: int = 1) -> dict[str, Any]:
+    return {"container": 8, "bit_order": "lsb_first", "axis": axis}
+
+
+def _scales(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any = np.float16) -> np.ndarray:
+    return (rng.random(shape, np.float32) * 0.02 + 1e-3).astype(dtype)
+
+
+def make_case(kind: str, rows: int, cols: int, rng: np.random.Generator, dtype: str = "float32") -> qformat.QTensor:
+    """A quantized tensor of one scheme with random codes and realistic parameters."""
+    import ml_dtypes
+
+    def nib() -> np.ndarray:
+        return rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+
+    g = -(-cols // 32)
+    if kind.startswith("int4"):
+        gs = 32 if "g32" in kind else 128
+        ng = -(-cols // gs)
+        sym = "asym" not in kind
+        d = {"shape": [rows, cols], "dtype": dtype,
+             "codes": {"tensor": "codes", "element": {"type": "int", "bits": 4, "signedness": "twos_complement" if sym else "unsigned"}, "packing": _pk()},
+             "scale": {"blocks": {"type": "grid", "size": [1, gs]}, "op": "multiply", "tensor": "scale"}}
+        comps = {"codes": nib(), "scale": _scales(rng, (rows, ng))}
+        if not sym:
+            d["zero"] = {"blocks": {"type": "grid", "size": [1, gs]}, "tensor": "zero"}
+            comps["zero"] = rng.integers(0, 16, (rows, ng), dtype=np.uint8)
+        return qformat.QTensor(d, comps)
+    if kind == "int8 g32":
+        d = {"shape": [rows, cols], "dtype": dtype,
+             "codes": {"tensor": "codes", "element": {"type": "int", "bits": 8, "signedness": "twos_complement"}, "packing": _pk()},
+             "scale": {"blocks": {"type": "grid", "size": [1, 32]}, "op": "multiply", "tensor": "scale"}}
+        return qformat.QTensor(d, {"codes": rng.integers(-128, 128, (rows, cols), dtype=np.int8), "scale": _scales(rng, (rows, g))})
+    if kind == "nf4 b64":
+        d = {"shape": [rows, cols], "dtype": dtype,
+             "codes": {"tensor": "codes", "element": {"type": "codebook", "bits": 4, "table": "nf4"}, "packing": _pk()},
+             "scale": {"blocks": {"type": "flat", "size": 64}, "op": "multiply", "tensor": "scale"}}
+        return qformat.QTensor(d, {"codes": nib(), "scale": _scales(rng, (rows * cols // 64,), np.float32)})
+    if kind == "mxfp4":
+        d = {"shape": [rows, cols], "dtype": dtype,
+             "codes": {"tensor": "codes", "element": {"type": "float", "format": "e2m1fn"}, "packing": _pk()},
+             "scale": {"blocks": {"type": "grid", "size": [1, 32]}, "op": "multiply", "tensor": "scale"}}
+        e = rng.integers(117, 130, (rows, g), dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)
+        return qformat.QTensor(d, {"codes": nib(), "scale": e})
+    if kind == "nvfp4":
+        g16 = cols // 16
+        sc = rng.integers(0x20, 0x60, (rows, g16), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+        d = {"shape": [rows, cols], "dtype": dtype,
+             "codes": {"tensor": "codes", "element": {"type": "float", "format": "e2m1fn"}, "packing": _pk()},
+             "scale": {"blocks": {"type": "grid", "size": [1, 16]}, "op": "multiply",
+                       "encoded": {"shape": [rows, g16], "dtype": "float32",
+                                   "codes": {"tensor": "scale.codes", "element": {"type": "float", "format": "e4m3fn"}, "packing": _pk()},
+                                   "scale": {"blocks": {"type": "grid", "size": [None, None]}, "op": "multiply", "tensor": "scale.scale"}}}}
+        return qformat.QTensor(d, {"codes": nib(), "scale.codes": sc, "scale.scale": np.array(0.0123, np.float32)})
+    if kind == "fp8 e4m3 per-row":
+        c = rng.integers(0, 256, (rows, cols), dtype=np.uint8)
+        c[(c & 0x7F) == 0x7F] = 0x30  # no NaN codes
+        d = {"shape": [rows, cols], "dtype": dtype,
+             "codes": {"tensor": "codes", "element": {"type": "float", "format": "e4m3fn"}, "packing": _pk()},
+             "scale": {"blocks": {"type": "grid", "size": [1, None]}, "op": "multiply", "tensor": "scale"}}
+        return qformat.QTensor(d, {"codes": c.view(ml_dtypes.float8_e4m3fn), "scale": _scales(rng, (rows, 1), np.float32)})
+    raise KeyError(kind)
+
+
+DECODE_KINDS = ["int4 g32 sym", "int4 g128 sym", "int4 g32 asym", "int4 g128 asym", "int8 g32", "nf4 b64", "mxfp4", "nvfp4", "fp8 e4m3 per-row"]
+
+
+def _parsed(q: qformat.QTensor) -> tuple[Any, ArraySource]:
+    return parse_descriptor("w", q.descriptor), ArraySource(q.components)
+
+
+# -- sections -------------------------------------------------------------------------------
+def bench_decode(run: Run, rows: int, cols: int) -> None:
+    """qformat NumPy (1 and 2 threads), torch CPU and JAX jit decode of each scheme to fp32."""
+    import jax
+    import torch
+    from qformat_jax._decode import descriptor_json, jitted
+    from qformat_torch.decode import decode as tdecode
+    from qformat_torch.qtensor import TorchQTensor
+    from qformat_torch.sources import TensorSource
+
+    rng = np.random.default_rng(0)
+    nbytes = rows * cols * 4
+    print(f"\n[decode] {rows}x{cols} -> float32 ({nbytes / MB:.0f} MB); memcpy {nbytes / run.memcpy(nbytes) / 1e9:.2f} GB/s", flush=True)
+    for kind in (["int4 g32 asym", "nvfp4"] if run.quick else DECODE_KINDS):
+        q = make_case(kind, rows, cols, rng)
+        desc, src = _parsed(q)
+        out = np.empty((rows, cols), np.float32)
+        ref = qdecode.decode(desc, src, out=np.empty_like(out), threads=1)
+        sec = f"decode {kind}"
+        print(f" {kind}", flush=True)
+        run.row(sec, "qformat numpy, 1 thread", run.time(lambda: qdecode.decode(desc, src, out=out, threads=1)), nbytes)
+        run.row(sec, "qformat numpy, 2 threads", run.time(lambda: qdecode.decode(desc, src, out=out, threads=2)), nbytes)
+        tq = TorchQTensor.from_qtensor(q)
+        tsrc = TensorSource(tq.components)
+        assert _same_bits(_torch_np(tdecode(desc, tsrc)), ref), kind
+        run.row(sec, f"qformat torch CPU ({torch.get_num_threads()} threads)", run.time(lambda: tdecode(desc, tsrc)), nbytes)
+        fn = jitted(descriptor_json(desc))
+        comps = {k: jax.device_put(v) for k, v in q.components.items()}
+        assert _same_bits(np.asarray(fn(comps)[0]), ref), kind
+        run.row(sec, "qformat jax jit (exact)", run.time(lambda: fn(comps)[0].block_until_ready()), nbytes)
+        fnx = jitted(descriptor_json(desc), False)
+        run.row(sec, "qformat jax jit (exact=False)", run.time(lambda: fnx(comps)[0].block_until_ready()), nbytes, note="not bit-exact by design")
+        del q, src, out, tq, tsrc, comps
+        gc.collect()
+
+
+def _gguf_equivalents(kind: str, data: np.ndarray, rows: int, cols: int) -> dict[str, qformat.QTensor]:
+    """qformat tensors holding the same values as GGUF blocks: in place (GGUF nibble order, a
+    planes span of 32 as in SPEC §7.12) and canonical (element pairs in bytes)."""
+    import ml_dtypes
+
+    nb = cols // 32
+    if kind == "Q8_0":
+        b = data.reshape(rows, nb, 34)
+        d = np.ascontiguousarray(b[..., :2]).view(np.float16).reshape(rows, nb)
+        qs = np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(rows, cols)
+        desc = {"shape": [rows, cols], "dtype": "float32",
+                "codes": {"tensor": "codes", "element": {"type": "int", "bits": 8, "signedness": "twos_complement"}, "packing": _pk()},
+                "scale": {"blocks": {"type": "grid", "size": [1, 32]}, "op": "multiply", "tensor": "scale"}}
+        return {"canonical": qformat.QTensor(desc, {"codes": qs, "scale": d})}
+    if kind == "Q4_0":
+        b = data.reshape(rows, nb, 18)
+        scale = np.ascontiguousarray(b[..., :2]).view(np.float16).reshape(rows, nb)
+        el = {"type": "int", "bits": 4, "signedness": "offset_binary"}
+        qs = b[..., 2:]
+    else:  # MXFP4
+        b = data.reshape(rows, nb, 17)
+        scale = np.ascontiguousarray(b[..., 0]).view(ml_dtypes.float8_e8m0fnu)
+        el = {"type": "float", "format": "e2m1fn"}
+        qs = b[..., 1:]
+    lo, hi = qs & 15, qs >> 4  # GGUF: element j in the low nibble of byte j, element 16+j in the high one
+    codes = np.concatenate([lo, hi], axis=-1).reshape(rows, cols)
+    canon = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    out = {}
+    for name, c, pk in [("canonical", canon, _pk()), ("in place (planes span 32)", np.ascontiguousarray(qs).reshape(rows, cols // 2), dict(_pk(), planes={"span": 32}))]:
+        desc = {"shape": [rows, cols], "dtype": "float32", "codes": {"tensor": "codes", "element": el, "packing": pk},
+                "scale": {"blocks": {"type": "grid", "size": [1, 32]}, "op": "multiply", "tensor": "scale"}}
+        out[name] = qformat.QTensor(desc, {"codes": c, "scale": scale})
+    return out
+
+
+def bench_gguf(run: Run, rows: int, cols: int) -> None:
+    """gguf-py dequantize against qformat NumPy decode of the same values."""
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((rows, cols), dtype=np.float32)
+    nbytes = rows * cols * 4
+    print(f"\n[gguf] {rows}x{cols} -> float32 ({nbytes / MB:.0f} MB)", flush=True)
+    for kind, t, ours in [("Q4_0", T.Q4_0, "int4 g32 sym (offset_binary, fp16 scale)"), ("Q8_0", T.Q8_0, "int8 g32"), ("MXFP4", T.MXFP4, "mxfp4")]:
+        data = quants.quantize(w, t)
+        ref = quants.dequantize(data, t)
+        sec = f"gguf {kind} vs {ours}"
+        print(f" {sec}", flush=True)
+        run.row(sec, f"gguf-py dequantize {kind}", run.time(lambda: quants.dequantize(data, t)), nbytes)
+        for name, q in _gguf_equivalents(kind, data, rows, cols).items():
+            desc, src = _parsed(q)
+            out = np.empty((rows, cols), np.float32)
+            assert _same_bits(qdecode.decode(desc, src, threads=1), ref), (kind, name)
+            run.row(sec, f"qformat numpy {name}, 1 thread", run.time(lambda: qdecode.decode(desc, src, out=out, threads=1)), nbytes, ref=f"gguf-py dequantize {kind}")
+            run.row(sec, f"qformat numpy {name}, 2 threads", run.time(lambda: qdecode.decode(desc, src, out=out, threads=2)), nbytes, ref=f"gguf-py dequantize {kind}")
+        del data, ref
+        gc.collect()
+
+
+def bench_nf4(run: Run, rows: int, cols: int) -> None:
+    """bitsandbytes dequantize_4bit and torchao NF4 -> bf16 against qformat nf4 on the same data."""
+    import bitsandbytes.functional as bnbf
+    import torch
+    from qformat_torch.decode import decode as tdecode
+    from qformat_torch.interop_bnb import from_bnb
+    from qformat_torch.interop_torchao import from_nf4
+    from qformat_torch.qtensor import TorchQTensor
+    from qformat_torch.sources import TensorSource
+    from torchao.quantization import to_nf4
+
+    torch.manual_seed(0)
+    w = torch.randn(rows, cols, dtype=torch.bfloat16)
+    nbytes = rows * cols * 2
+    print(f"\n[nf4] {rows}x{cols} -> bfloat16 ({nbytes / MB:.0f} MB)", flush=True)
+    packed, state = bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=False)
+    sec = "nf4 vs bitsandbytes"
+    ref = bnbf.dequantize_4bit(packed, state)
+    run.row(sec, "bitsandbytes dequantize_4bit (CPU)", run.time(lambda: bnbf.dequantize_4bit(packed, state)), nbytes)
+    q = from_bnb(packed, state)
+    desc, _ = _parsed(q)
+    tsrc = TensorSource(TorchQTensor.from_qtensor(q).components)
+    assert _same_bits(_torch_np(tdecode(desc, tsrc)), _torch_np(ref))
+    run.row(sec, "qformat torch nf4 -> bf16", run.time(lambda: tdecode(desc, tsrc)), nbytes, ref="bitsandbytes dequantize_4bit (CPU)")
+    src = ArraySource(q.components)
+    run.row(sec, "qformat numpy nf4 -> bf16, 2 threads", run.time(lambda: qdecode.decode(desc, src, threads=2)), nbytes, ref="bitsandbytes dequantize_4bit (CPU)")
+    sec = "nf4 vs torchao"
+    n = to_nf4(w, 64, 256)
+    ref = n.get_original_weight()
+    run.row(sec, "torchao NF4Tensor.get_original_weight", run.time(lambda: n.get_original_weight()), nbytes)
+    q = from_nf4(n)
+    desc, _ = _parsed(q)
+    tsrc = TensorSource(TorchQTensor.from_qtensor(q).components)
+    got = tdecode(desc, tsrc)
+    exact = _same_bits(_torch_np(got), _torch_np(ref.to(got.dtype)))
+    run.row(sec, "qformat torch nf4 (double quant) -> bf16", run.time(lambda: tdecode(desc, tsrc)), nbytes,
+            ref="torchao NF4Tensor.get_original_weight", note="" if exact else "values differ from torchao (see interop_torchao)")
+
+
+def _drop_cache(path: str) -> None:
+    """Evict a file from the page cache (clean pages; no privileges needed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def bench_load(run: Run, tmp: str, layers: int, rows: int, cols: int) -> None:
+    """safetensors loading a bf16 checkpoint against loading its 4-bit qformat checkpoint into bf16."""
+    import safetensors.torch
+    import torch
+
+    import qformat_torch
+
+    rng = np.random.default_rng(2)
+    q4, bf = os.path.join(tmp, "model-int4.safetensors"), os.path.join(tmp, "model-bf16.safetensors")
+    tensors = {f"layers.{i}.weight": make_case("int4 g32 sym", rows, cols, rng, dtype="bfloat16") for i in range(layers)}
+    qformat.save_file(tensors, q4)
+    decoded = qformat_torch.load_file(q4)
+    safetensors.torch.save_file(decoded, bf)  # the same model, as bf16 (the 4-bit values)
+    nbytes = sum(t.numel() * 2 for t in decoded.values())
+    del tensors, decoded
+    gc.collect()
+    print(f"\n[load] {layers} x {rows}x{cols}: bf16 file {os.path.getsize(bf) / MB:.0f} MB, int4 file {os.path.getsize(q4) / MB:.0f} MB", flush=True)
+    a, b = safetensors.torch.load_file(bf), qformat_torch.load_file(q4)
+    assert all(_same_bits(_torch_np(a[k]), _torch_np(b[k])) for k in a)
+    del a, b
+    for cache in ("warm", "cold"):
+        sec = f"load to bf16 ({cache} page cache)"
+        reps = run.reps if cache == "warm" else max(3, run.reps // 2)
+
+        def timed(fn: Callable[[], Any], path: str) -> float:
+            ts = []
+            fn()
+            for _ in range(reps):
+                if cache == "cold":
+                    _drop_cache(path)
+                gc.collect()
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            return statistics.median(ts)
+
+        # safetensors' load_file maps the file lazily: clone() makes every value resident in
+        # memory, as qformat's decoded tensors are (and as load_state_dict's copy would)
+        st = "safetensors.torch.load_file(bf16) + clone"
+        run.row(sec, st, timed(lambda: {k: v.clone() for k, v in safetensors.torch.load_file(bf).items()}, bf), nbytes)
+        run.row(sec, "qformat.torch.load_file(int4) -> bf16", timed(lambda: qformat_torch.load_file(q4), q4), nbytes, ref=st)
+        run.row(sec, "qformat.load_file(int4) -> bf16 (numpy)", timed(lambda: qformat.load_file(q4), q4), nbytes, ref=st)
+    for p in (q4, bf):
+        os.remove(p)
+
+
+def write_big_checkpoint(path: str, layers: int, rows: int, cols_list: list[int]) -> int:
+    """A qformat int4 g32 checkpoint written in a stream (random codes, fp16 scales); returns
+    the number of packed code bytes.  The header comes from qformat's own save path
+    (qformat.io.prepare), the data never sits in memory at once."""
+    import struct
+
+    from qformat.container import _alignment
+    from qformat.io import prepare
+
+    rng = np.random.default_rng(3)
+    tensors = {}
+    for i in range(layers):
+        cols = cols_list[i % len(cols_list)]
+        ng = -(-cols // 32)
+        d = {"shape": [rows, cols], "dtype": "bfloat16",
+             "codes": {"tensor": "codes", "element": {"type": "int", "bits": 4, "signedness": "twos_complement"}, "packing": _pk()},
+             "scale": {"blocks": {"type": "grid", "size": [1, 32]}, "op": "multiply", "tensor": "scale"}}
+        comps = {"codes": np.broadcast_to(np.uint8(0), (rows, -(-cols // 2))), "scale": np.broadcast_to(np.float16(0.01), (rows, ng))}
+        tensors[f"layers.{i}.weight"] = qformat.QTensor.__new__(qformat.QTensor)
+        tensors[f"layers.{i}.weight"]._descriptor = d  # components stay zero-stride views (no memory)
+        tensors[f"layers.{i}.weight"]._components = comps
+    arrays, meta = prepare(tensors)
+    items = sorted(arrays.items(), key=lambda kv: (-_alignment({np.dtype(np.float16): "F16"}.get(kv[1].dtype, "U8")), kv[0]))
+    header: dict[str, Any] = {"__metadata__": meta}
+    off = 0
+    for name, a in items:
+        header[name] = {"dtype": "F16" if a.dtype == np.float16 else "U8", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    packed = 0
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for name, a in items:
+            n = a.nbytes
+            if a.dtype == np.uint8:
+                packed += n
+                r, c = a.shape
+                chunk = max(1, (32 * MB) // c)
+                for i in range(0, r, chunk):
+                    blk = rng.integers(0, 256, (min(chunk, r - i), c), dtype=np.uint8)
+                    f.write(blk.tobytes())
+            else:
+                v = (rng.random(a.shape, np.float32) * 0.02 + 1e-3).astype(np.float16)
+                f.write(v.tobytes())
+    return packed
+
+
+def _padding_free(path: str) -> None:
+    """Zero the padding nibble of rows with an odd number of codes (writers must)."""
+    with qformat.safe_open(path) as f:
+        names = [n for n in f.keys()]
+        descs = {n: f.descriptor(n) for n in names}
+    import mmap
+
+    from qformat.container import read_header
+
+    h = read_header(path)
+    with open(path, "r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), 0)
+        for n, d in descs.items():
+            cols = d["shape"][1]
+            if cols % 2:
+                e = h.entries[n + ".codes"]
+                a = np.frombuffer(mm, np.uint8, count=e.nbytes, offset=h.data_start + e.begin).reshape(e.shape)
+                a[:, -1] &= 0x0F
+                del a
+        mm.flush()
+        mm.close()
+
+
+CHILD = r"""
+import json, resource, sys, time
+import qformat
+path, payload = sys.argv[1], sys.argv[2] == "1"
+def hwm():  # peak resident set of this process (VmHWM; ru_maxrss may include the parent's at fork)
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
+t0 = time.perf_counter()
+rep = qformat.check(path, payload=payload)
+dt = time.perf_counter() - t0
+print(json.dumps({"ok": rep.ok, "seconds": dt, "maxrss_kb": hwm(),
+                  "problems": [p.code for p in rep.problems][:5]}))
+"""
+
+DECODE_CHILD = r"""
+import json, resource, sys, time
+import numpy as np, qformat
+path = sys.argv[1]
+def hwm():  # peak resident set of this process (VmHWM; ru_maxrss may include the parent's at fork)
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
+f = qformat.safe_open(path)
+name = f.keys()[0] if isinstance(f.keys(), list) else sorted(f.keys())[0]
+before = hwm()
+t0 = time.perf_counter()
+x = f.get_tensor(name)
+dt = time.perf_counter() - t0
+print(json.dumps({"seconds": dt, "out_bytes": int(x.nbytes), "maxrss_kb": hwm(),
+                  "before_kb": before}))
+"""
+
+
+def _child(code: str, *args: str) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
+                       cwd=str(Path(__file__).resolve().parents[1]))
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def bench_check(run: Run, tmp: str, layers: int, rows: int) -> None:
+    """``qformat check`` header-only and with payload on a multi-GB file; peak RSS in a child."""
+    path = os.path.join(tmp, "big.safetensors")
+    cols_list = [16384, 16383] if not run.quick else [256, 255]
+    packed = write_big_checkpoint(path, layers, rows, cols_list)
+    _padding_free(path)
+    size = os.path.getsize(path)
+    print(f"\n[check] {size / 2**30:.2f} GiB file, {layers} int4 tensors (half with odd rows: padding scanned), {packed / 2**30:.2f} GiB packed codes", flush=True)
+    res: dict[str, Any] = {}
+    for payload in (False, True):
+        for cache in ("warm", "cold"):
+            if cache == "cold":
+                _drop_cache(path)
+            else:
+                _child(CHILD, path, "1" if payload else "0")  # warms the page cache
+            r = _child(CHILD, path, "1" if payload else "0")
+            assert r["ok"], r
+            key = f"{'payload' if payload else 'header-only'} {cache}"
+            res[key] = r
+            rss = r["maxrss_kb"] / 1024
+            gbps = packed / r["seconds"] / 1e9
+            run.rows.append({"section": "qformat check", "name": f"qformat check ({key})", "ms": r["seconds"] * 1e3,
+                             "GBps": gbps, "packed_GB": packed / 1e9, "file_GB": size / 1e9, "peak_rss_MB": rss, "note": "GB/s of packed code bytes"})
+            print(f"  qformat check ({key:<20}) {r['seconds']:8.3f} s  {gbps:7.2f} GB/s packed  peak RSS {rss:7.1f} MB", flush=True)
+    run.target("qformat check with payload: GB/s of packed bytes (warm cache)", packed / res["payload warm"]["seconds"] / 1e9, 1.0, "GB/s")
+    run.target("qformat check with payload: GB/s of packed bytes (cold cache)", packed / res["payload cold"]["seconds"] / 1e9, 1.0, "GB/s")
+    worst = max(r["maxrss_kb"] for r in res.values()) / 1024
+    run.target(f"qformat check peak RSS on a {size / 2**30:.1f} GiB file, MB (at most)", -worst, -256.0, "-MB")
+    os.remove(path)
+
+
+def bench_memory(run: Run, tmp: str, rows: int, cols: int) -> None:
+    """Peak memory of decoding one tensor from a file, in a child process."""
+    path = os.path.join(tmp, "one.safetensors")
+    rng = np.random.default_rng(4)
+    qformat.save_file({"w": make_case("int4 g32 sym", rows, cols, rng)}, path)
+    r = _child(DECODE_CHILD, path)
+    out_mb = r["out_bytes"] / MB
+    extra = r["maxrss_kb"] / 1024 - r["before_kb"] / 1024 - out_mb
+    mapped = os.path.getsize(path) / MB  # the packed input, memory-mapped: page cache, counted in RSS
+    print(f"\n[memory] decode of a {out_mb:.0f} MB float32 tensor from a {mapped:.0f} MB file: peak RSS {r['maxrss_kb'] / 1024:.0f} MB, "
+          f"{r['before_kb'] / 1024:.0f} MB before; {extra:.1f} MB above the output, {extra - mapped:.1f} MB beyond the mapped file", flush=True)
+    run.rows.append({"section": "decode memory", "name": "qformat decode peak RSS above (RSS before + output)", "extra_MB": extra,
+                     "mapped_file_MB": mapped, "out_MB": out_mb, "note": "mapped packed pages count in RSS"})
+    run.target("decode peak memory above the output size, excluding the mapped file's pages, MB (at most 64)", -(extra - mapped), -64.0, "-MB")
+    run.target("decode peak memory above the output size, all RSS, MB (at most 64)", -extra, -64.0, "-MB")
+    os.remove(path)
+
+
+def bench_scaling(run: Run, sizes_mb: list[int]) -> None:
+    """int4 g32 NumPy decode from 1 MB to 2 GB of output, 1 and 2 threads."""
+    rng = np.random.default_rng(5)
+    print("\n[scaling] int4 g32 sym -> float32, NumPy", flush=True)
+    for mb in sizes_mb:
+        cols = 4096
+        rows = max(1, mb * MB // 4 // cols)
+        q = make_case("int4 g32 sym", rows, cols, rng)
+        desc, src = _parsed(q)
+        out = np.empty((rows, cols), np.float32)
+        nbytes = out.nbytes
+        reps = run.reps if mb <= 256 else 3
+        for th in (1, 2):
+            r = run.row("scaling", f"{nbytes / MB:7.0f} MB, {th} thread{'s' if th > 1 else ''}",
+                        run.time(lambda: qdecode.decode(desc, src, out=out, threads=th), reps), nbytes)
+            r["size_MB"], r["threads"] = nbytes / MB, th
+        del q, src, out
+        gc.collect()
+
+
+def _targets_from_rows(run: Run) -> None:
+    def get(section: str, name: str) -> dict[str, Any]:
+        return next(r for r in run.rows if r["section"] == section and r["name"] == name)
+
+    for k in ("int4 g32 sym", "int4 g128 sym", "int4 g32 asym", "int4 g128 asym"):
+        for th in ("1 thread", "2 threads"):
+            run.target(f"NumPy {k} -> fp32, {th}: x memcpy", get(f"decode {k}", f"qformat numpy, {th}")["x_memcpy"], 0.4)
+    sec = "gguf Q4_0 vs int4 g32 sym (offset_binary, fp16 scale)"
+    for name in ("canonical", "in place (planes span 32)"):
+        for th in ("1 thread", "2 threads"):
+            run.target(f"NumPy Q4_0-equivalent ({name}), {th}: x gguf-py", get(sec, f"qformat numpy {name}, {th}")["x_vs"], 4.0)
+    run.target("torch nf4 -> bf16: x bitsandbytes", get("nf4 vs bitsandbytes", "qformat torch nf4 -> bf16")["x_vs"], 1.0)
+    run.target("torch nf4 -> bf16: x torchao", get("nf4 vs torchao", "qformat torch nf4 (double quant) -> bf16")["x_vs"], 1.0)
+    for k in DECODE_KINDS:
+        if k.startswith("int4"):
+            run.target(f"JAX jit (exact) {k} -> fp32: x memcpy", get(f"decode {k}", "qformat jax jit (exact)")["x_memcpy"], 0.5)
+    for cache in ("warm", "cold"):
+        for who in ("qformat.torch.load_file(int4) -> bf16", "qformat.load_file(int4) -> bf16 (numpy)"):
+            run.target(f"load int4 -> bf16 ({cache}): {who.split('(')[0]} x safetensors bf16", get(f"load to bf16 ({cache} page cache)", who)["x_vs"], 1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (the test suite's smoke run)")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions per row (default 7; --quick 1)")
+    ap.add_argument("--json", default="bench/results.json", help="where to write the results")
+    ap.add_argument("--only", default="decode,gguf,nf4,load,check,memory,scaling", help="comma-separated sections")
+    ap.add_argument("--check-gb", type=float, default=4.0, help="size of the checked file (GiB)")
+    ap.add_argument("--tmp", default=None, help="folder for the big temporary files (default: the system's)")
+    a = ap.parse_args(argv)
+    run = Run(a.reps or (1 if a.quick else 7), a.quick)
+    only = set(a.only.split(","))
+    t_start = time.time()
+    info = {"python": sys.version.split()[0], "numpy": np.__version__, "cpus": os.cpu_count(), "machine": platform.machine(),
+            "quick": a.quick, "reps": run.reps, "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])}
+    print(json.dumps(info), flush=True)
+    with tempfile.TemporaryDirectory(dir=a.tmp, prefix="qformat-bench-") as tmp:
+        if "decode" in only:
+            bench_decode(run, *((32, 256) if a.quick else (2048, 8192)))
+        if "gguf" in only:
+            bench_gguf(run, *((32, 256) if a.quick else (2048, 8192)))
+        if "nf4" in only:
+            bench_nf4(run, *((64, 256) if a.quick else (4096, 4096)))
+        if "load" in only:
+            bench_load(run, tmp, *((2, 64, 256) if a.quick else (16, 4096, 8192)))
+        if "check" in only:
+            # 16384 x 16384 int4 with fp16 g32 scales: 144 MB per tensor
+            per = 16384 * 8192 + 16384 * 512 * 2
+            layers = 2 if a.quick else max(2, int(round(a.check_gb * 2**30 / per)))
+            bench_check(run, tmp, layers, 64 if a.quick else 16384)
+        if "memory" in only:
+            bench_memory(run, tmp, *((64, 256) if a.quick else (65536, 4096)))
+        if "scaling" in only:
+            bench_scaling(run, [1, 4] if a.quick else [1, 4, 16, 64, 256, 1024, 2048])
+    if not a.quick and {"decode", "gguf", "nf4", "load"} <= only:
+        _targets_from_rows(run)
+    print("\n[targets]")
+    for t in run.targets:
+        m, req = t["measured"], t["required"]
+        if t["unit"] == "-MB":
+            m, req = -m, -req
+        print(f"  {'MET ' if t['met'] else 'MISS'} {t['target']:<70} {m:9.3f} (required {req})")
+    res = {"info": info, "seconds": time.time() - t_start, "rows": run.rows, "targets": run.targets}
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(res, indent=1))
+    print(f"\nwrote {a.json} ({time.time() - t_start:.0f} s)")
+    return 0
