@@ -19,7 +19,7 @@ from .io import iter_tensors, load_file, safe_open, save_file
 from .model import required_version
 from .qtensor import QTensor
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 #: The qformat spec version this implementation reads (SPEC.md).  Files record the lowest
 #: version whose features they use: ``required_version`` ("1.0" unless a 1.1 layout appears).
 SPEC_VERSION = "1.1"
