@@ -174,7 +174,7 @@ def bench_decode(run: Run, rows: int, cols: int) -> None:
     """qformat NumPy (1 and 2 threads), torch CPU and JAX jit decode of each scheme to fp32."""
     import jax
     import torch
-    from qformat_jax._decode import descriptor_json, jitted
+    from qformat_jax._decode import descriptor_json, f32_path_chosen, jitted
     from qformat_torch.decode import decode as tdecode
     from qformat_torch.qtensor import TorchQTensor
     from qformat_torch.sources import TensorSource
@@ -194,11 +194,21 @@ def bench_decode(run: Run, rows: int, cols: int) -> None:
         tq = TorchQTensor.from_qtensor(q)
         tsrc = TensorSource(tq.components)
         assert _same_bits(_torch_np(tdecode(desc, tsrc)), ref), kind
-        run.row(sec, f"qformat torch CPU ({torch.get_num_threads()} threads)", run.time(lambda: tdecode(desc, tsrc)), nbytes)
+        tout = torch.empty((rows, cols), dtype=torch.float32)
+        threads0 = torch.get_num_threads()
+        for th in (1, 2):  # into a preallocated output, as the NumPy rows and memcpy
+            torch.set_num_threads(th)
+            try:
+                run.row(sec, f"qformat torch CPU, {th} thread{'s' if th > 1 else ''}", run.time(lambda: tdecode(desc, tsrc, out=tout)), nbytes)
+            finally:
+                torch.set_num_threads(threads0)
+        assert _same_bits(tout.numpy(), ref), kind
         fn = jitted(descriptor_json(desc))
         comps = {k: jax.device_put(v) for k, v in q.components.items()}
         assert _same_bits(np.asarray(fn(comps)[0]), ref), kind
-        run.row(sec, "qformat jax jit (exact)", run.time(lambda: fn(comps)[0].block_until_ready()), nbytes)
+        f32 = f32_path_chosen(desc, comps)
+        run.row(sec, "qformat jax jit (exact)", run.time(lambda: fn(comps)[0].block_until_ready()), nbytes,
+                note="binary32 path (proved exact for these values)" if f32 else "binary64 path")
         fnx = jitted(descriptor_json(desc), False)
         run.row(sec, "qformat jax jit (exact=False)", run.time(lambda: fnx(comps)[0].block_until_ready()), nbytes, note="not bit-exact by design")
         del q, src, out, tq, tsrc, comps

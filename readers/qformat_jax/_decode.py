@@ -308,6 +308,83 @@ def _opaque(v: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return lax.optimization_barrier(jnp.broadcast_to(v, shape))
 
 
+# -- the binary32 path, where it provably gives the exact path's bits ----------------------------
+def _f32_steps_ok(desc: Descriptor) -> bool:
+    """Static half of the binary32 path's proof: no step XLA could rewrite.
+
+    XLA:CPU contracts a multiply whose result feeds an add or subtract into one FMA (one
+    rounding instead of two), and rewrites division as multiplication by a reciprocal; neither
+    can happen when no parameter divides and no add/subtract step follows a multiply
+    (SPEC.md's order is zero, scale, bias: a scale that multiplies rules out a bias).  Nested
+    (encoded) parameters are decoded by the exact path, so only this level's steps count.
+    """
+    seen_multiply = False
+    for prm in desc.params():
+        if prm.arith == "divide":
+            return False
+        if prm.arith == "multiply":
+            seen_multiply = True
+        elif seen_multiply:
+            return False
+    return True
+
+
+def _min_exponent(v: jax.Array) -> jax.Array:
+    """floor(log2) of the smallest non-zero, non-NaN magnitude in ``v`` (binary32), computed on
+    the bits (comparisons on floats would see a subnormal as zero under DAZ); -127 marks a
+    subnormal, +128 an array with no non-zero value."""
+    mag = _bits(v.astype(jnp.float32)).reshape(-1) & 0x7FFFFFFF
+    usable = (mag != 0) & (mag <= 0x7F800000)
+    m = jnp.min(jnp.where(usable, mag, jnp.uint32(0xFFFFFFFF)))
+    e = (m >> 23).astype(jnp.int32) - 127
+    return jnp.where(m == 0xFFFFFFFF, jnp.int32(128), jnp.where(m < 0x800000, jnp.int32(-127), e))
+
+
+def _f32_values_ok(desc: Descriptor, table: jax.Array, valid: int, grids: list[jax.Array]) -> jax.Array:
+    """Runtime half of the proof: no input or result of any step is subnormal (FTZ/DAZ).
+
+    ``e`` bounds the non-zero magnitudes of the running value below by 2^e (and, below an
+    add/subtract, every value is a multiple of 2^q).  Element table: every non-zero value
+    normal, e = its smallest exponent.  Multiply by p (all non-zero |p| >= 2^ep, normal):
+    non-zero products are >= 2^(e+ep), which must be >= 2^-126.  Add/subtract p: both operands
+    are multiples of 2^q with q = min(e, ep) - 23 (a binary32 value >= 2^k is a multiple of
+    2^(k-23)), so a non-zero result is >= 2^q, which must be >= 2^-126.  Zero operands and
+    results are exact in both arithmetics; Inf and NaN propagate the same (NaN by class).
+    """
+    e = _min_exponent(table[:valid])
+    ok = e >= -126
+    for prm, v in zip(desc.params(), grids):
+        ep = _min_exponent(v)
+        ok = ok & (ep >= -126)
+        if prm.arith == "multiply":
+            e = jnp.where(ep == 128, e, e + ep)
+        else:  # add / subtract (divide never reaches here)
+            e = jnp.minimum(e, ep) - 23
+        ok = ok & (jnp.where(e > 128, 128, e) >= -126)
+    return ok
+
+
+def _static_values(desc: Descriptor, comps: Mapping[str, jax.Array], codes: jax.Array) -> jax.Array | None:
+    """Element values of an integer element computed by conversion instead of a lookup, where the
+    (static) table is exactly ``code + offset`` or the two's-complement value of the code: the
+    same binary32 integers (all below 2^24) without a gather."""
+    el = desc.codes.element
+    if el.type == "codebook" and el.table_tensor is not None:
+        return None
+    table, valid = _el.lut(el)
+    table = np.asarray(table, np.float32)
+    n = 1 << el.bits
+    if valid != n or el.bits > 16:
+        return None
+    c = np.arange(n, dtype=np.int64)
+    if np.array_equal(table, (c + int(table[0])).astype(np.float32)) and np.all(np.isfinite(table)):
+        return (codes + int(table[0])).astype(jnp.float32)
+    half = n // 2
+    if np.array_equal(table, np.where(c >= half, c - n, c).astype(np.float32)):
+        return ((codes ^ half) - half).astype(jnp.float32)
+    return None
+
+
 def decode_traced(desc: Descriptor, comps: Mapping[str, jax.Array], exact: bool = True) -> tuple[jax.Array, jax.Array]:
     """(decoded array in the logical dtype, ok flag) for traced or concrete component arrays.
 
@@ -321,13 +398,33 @@ def decode_traced(desc: Descriptor, comps: Mapping[str, jax.Array], exact: bool 
         from ._layouts import canonical
 
         desc, comps = canonical(desc, comps, _bits)
+    params = list(desc.params())
+    if exact and params and _f32_steps_ok(desc):
+        # binary32 where the values allow it (checked at run time on the small parameter grids
+        # and the table), the binary64 path otherwise: lax.cond runs one of the two
+        with _x64():
+            grids, ok = [], jnp.bool_(True)
+            for prm in params:
+                v32, ok_p = _grid_values(prm, desc, comps, True)  # nested: always the exact path
+                grids.append(v32)
+                ok = ok & ok_p
+            table, valid = _element_table(desc, comps)
+            use_f32 = _f32_values_ok(desc, table, valid, grids)
+
+            def f32_path() -> tuple[jax.Array, jax.Array]:
+                return _steps(desc, comps, grids, table, valid, fast=True)
+
+            def f64_path() -> tuple[jax.Array, jax.Array]:
+                return _steps(desc, comps, grids, table, valid, fast=False)
+
+            x, ok_c = lax.cond(use_f32, f32_path, f64_path)
+        return round_to(x, desc.dtype), ok & ok_c
     codes = read_codes(desc, comps)
     table, valid = _element_table(desc, comps)
     ok = jnp.bool_(True)
     if valid < table.shape[0]:
         ok = jnp.max(codes) < valid
     x = jnp.take(table, codes, mode="clip")
-    params = list(desc.params())
     if exact and params:
         with _x64():
             for prm in params:
@@ -347,6 +444,29 @@ def decode_traced(desc: Descriptor, comps: Mapping[str, jax.Array], exact: bool 
                 v = _opaque(v, shape)
             x = jnp.broadcast_to(getattr(jnp, prm.arith)(x, v), shape)
     return round_to(x, desc.dtype), ok
+
+
+def _steps(desc: Descriptor, comps: Mapping[str, jax.Array], grids: list[jax.Array], table: jax.Array, valid: int,
+           fast: bool) -> tuple[jax.Array, jax.Array]:
+    """Codes, element values and every parameter step: in plain binary32 (``fast``; only where
+    :func:`_f32_steps_ok` and :func:`_f32_values_ok` hold) or in binary64 with exact narrowing."""
+    shape = desc.shape
+    codes = read_codes(desc, comps)
+    ok = jnp.bool_(True)
+    if valid < table.shape[0]:
+        ok = jnp.max(codes) < valid
+    x = _static_values(desc, comps, codes) if fast else None
+    if x is None:
+        x = jnp.take(table, codes, mode="clip")
+    for prm, v32 in zip(desc.params(), grids):
+        if fast:
+            x = jnp.broadcast_to(getattr(jnp, prm.arith)(x, _expand(v32, prm, shape, comps)), shape)
+        else:
+            v = _expand(_to_f64(v32), prm, shape, comps)
+            if prm.arith == "divide":
+                v = _opaque(v, shape)
+            x = _to_f32(jnp.broadcast_to(getattr(jnp, prm.arith)(_to_f64(x), v), shape))
+    return x.astype(jnp.float32), ok
 
 
 @lru_cache(maxsize=256)
@@ -369,3 +489,19 @@ def jitted(desc_json: str, exact: bool = True, cut: tuple[tuple[int, int], ...] 
 def descriptor_json(desc: Descriptor | Mapping[str, Any]) -> str:
     d = desc.to_dict() if isinstance(desc, Descriptor) else desc
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+
+def f32_path_chosen(desc: Descriptor, comps: Mapping[str, jax.Array]) -> bool:
+    """Whether the exact decode of these components runs in binary32 (for tests and the
+    benchmark): the static step check and the run-time value check of :func:`decode_traced`."""
+    if desc.layout != "canonical":
+        from ._layouts import canonical
+
+        desc, comps = canonical(desc, comps, _bits)
+    params = list(desc.params())
+    if not params or not _f32_steps_ok(desc) or math.prod(desc.shape) == 0:
+        return False
+    with _x64():
+        grids = [_grid_values(prm, desc, comps, True)[0] for prm in params]
+        table, valid = _element_table(desc, comps)
+        return bool(_f32_values_ok(desc, table, valid, grids))

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from functools import lru_cache
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -368,6 +369,8 @@ def _fast_values(desc: Descriptor, src: TorchSource, region: Region, table: torc
         idx = tuple(slice(lo, hi) for lo, hi in region[:-1]) + (slice(c0 // n, c1 // n),)
         words = src.read(desc.codes.tensor, box=idx).view(torch.uint8)
     bt = _byte_table(table.cpu().numpy().tobytes(), bits, p, table.device)
+    if out is not None and out.storage_offset() % n:  # cannot hold the table's n-value items
+        out = None
     if out is None:
         out = torch.empty(tuple(hi - lo for lo, hi in region), dtype=torch.float32, device=table.device)
     torch.index_select(bt, 0, words.reshape(-1).to(torch.int32), out=out.reshape(-1).view(bt.dtype))
@@ -451,8 +454,13 @@ def round_to(x: torch.Tensor, dtype: str) -> torch.Tensor:
     return x if dtype == "float32" else x.to(LOGICAL_TORCH[dtype])
 
 
-def decode(desc: Descriptor, src: TorchSource, region: Region | None = None, tensor: str | None = None) -> torch.Tensor:
-    """Decode ``region`` (default: everything) to the logical dtype, chunk by chunk along axis 0."""
+def decode(desc: Descriptor, src: TorchSource, region: Region | None = None, tensor: str | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode ``region`` (default: everything) to the logical dtype, chunk by chunk along axis 0.
+
+    ``out``: a contiguous tensor of the region's shape and logical dtype on the source's device to
+    decode into (returned); without it the output is allocated.
+    """
     if region is None:
         region = full_region(desc.shape)
     if desc.layout != "canonical":  # once per call (SPEC.md §11)
@@ -462,9 +470,10 @@ def decode(desc: Descriptor, src: TorchSource, region: Region | None = None, ten
     out_shape = tuple(hi - lo for lo, hi in region)
     dt = LOGICAL_TORCH[desc.dtype]
     if any(n == 0 for n in out_shape):
-        return torch.empty(out_shape, dtype=dt, device=src.device)
+        return torch.empty(out_shape, dtype=dt, device=src.device) if out is None else out
     if not region:
-        return round_to(decode_region(desc, src, region, tensor=tensor), desc.dtype).reshape(())
+        r = round_to(decode_region(desc, src, region, tensor=tensor), desc.dtype).reshape(())
+        return r if out is None else out.copy_(r)
     lo0, hi0 = region[0]
     row = max(1, math.prod(out_shape[1:]))
     step = max(1, CHUNK_ELEMENTS // row)
@@ -473,7 +482,12 @@ def decode(desc: Descriptor, src: TorchSource, region: Region | None = None, ten
 
     mult = _row_multiple(desc)
     step = max(mult, step // mult * mult)
-    out = torch.empty(out_shape, dtype=dt, device=src.device)
+    if out is None:
+        out = _empty_out(out_shape, dt, src.device)
+    elif tuple(out.shape) != out_shape or out.dtype != dt or not out.is_contiguous() or out.device != torch.device(src.device):
+        raise ValueError(f"out must be a contiguous {dt} tensor of shape {out_shape} on {src.device}, found {out.dtype} {tuple(out.shape)} on {out.device}")
+    if _fast_decode(desc, src, region, out):
+        return out
     # binary32 values of a narrower logical dtype go through one reused chunk buffer
     scratch = None if dt == torch.float32 else torch.empty((min(step, hi0 - lo0),) + out_shape[1:], dtype=torch.float32, device=src.device)
     for start in range(lo0, hi0, step):
@@ -484,3 +498,223 @@ def decode(desc: Descriptor, src: TorchSource, region: Region | None = None, ten
         if x.data_ptr() != dst.data_ptr():
             dst.copy_(round_to(x, desc.dtype))  # the same round-to-nearest-even cast as .to()
     return out
+
+
+# -- the whole-tensor fast path: byte lookup and per-block steps chunk by chunk, in cache -----------
+#: Elements per chunk of the fast path: 1 MB of binary32 (with its int32 byte indices and the
+#: cast's destination, about the 2 MB L2 of one core), so the lookup, every parameter step and
+#: the cast of a chunk run in cache; smaller chunks measured slower (per-op dispatch costs ~10 us).
+FAST_CHUNK_ELEMENTS = 1 << 18
+
+_POOLS: dict[int, "ThreadPoolExecutor"] = {}
+_THREAD_LOCAL_OK: bool | None = None  # torch.set_num_threads is per thread (OpenMP): checked once
+
+
+def _worker_init() -> None:
+    # Each worker runs its chunks' ops on its own thread: no intra-op parallel region, so no
+    # barrier waits on a busy machine.  Under OpenMP this setting is per thread.
+    torch.set_num_threads(1)
+
+
+def _pool(n: int) -> "ThreadPoolExecutor | None":
+    """``n`` worker threads whose torch ops run single-threaded, or None where
+    ``torch.set_num_threads`` is not per-thread (then the caller's setting is left alone)."""
+    global _THREAD_LOCAL_OK
+    from concurrent.futures import ThreadPoolExecutor
+
+    if _THREAD_LOCAL_OK is None:
+        _THREAD_LOCAL_OK = "OpenMP" in torch.__config__.parallel_info()
+    if not _THREAD_LOCAL_OK:
+        return None
+    pool = _POOLS.get(n)
+    if pool is None:
+        before = torch.get_num_threads()
+        pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="qformat-torch-decode", initializer=_worker_init)
+        list(pool.map(lambda _: None, range(n)))  # start the workers now, then check the caller kept its setting
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+            _THREAD_LOCAL_OK = False
+            pool.shutdown()
+            return None
+        pool = _POOLS.setdefault(n, pool)
+    return pool
+
+
+def _fast_words(desc: Descriptor, src: TorchSource, region: Region) -> torch.Tensor | None:
+    """The packed bytes of ``region`` as ``[rows, ...]`` uint8 with each row's bytes holding
+    exactly that row's codes, where a per-byte lookup applies (else None)."""
+    p = desc.codes.packing
+    bits = desc.codes.element.bits
+    rank = len(desc.shape)
+    if rank == 0 or p.container != 8 or p.order is not None or p.planes_span is not None or not p.uses_slots(bits):
+        return None
+    n = p.slots_per_word(bits)
+    if n not in _BYTE_ITEM:
+        return None
+    if p.axis is None:
+        if any(region[a] != (0, desc.shape[a]) for a in range(1, rank)):
+            return None
+        inner = math.prod(desc.shape[1:])
+        if inner % n:
+            return None
+        _, _, wpr = codes_shape(desc)
+        r0, r1 = region[0]
+        return src.read(desc.codes.tensor, shape=(wpr,), box=(slice(r0 * inner // n, r1 * inner // n),)).view(torch.uint8).reshape(r1 - r0, inner // n)
+    if p.axis != rank - 1:
+        return None
+    c0, c1 = region[-1]
+    if c0 % n or (c1 - c0) % n:
+        return None
+    idx = tuple(slice(lo, hi) for lo, hi in region[:-1]) + (slice(c0 // n, c1 // n),)
+    return src.read(desc.codes.tensor, box=idx).view(torch.uint8)
+
+
+def _fast_param_shape(prm: Param, desc: Descriptor, region: Region) -> bool | None:
+    """True where :func:`_fast_param` applies to ``region`` (checked without reading values)."""
+    b = prm.blocks
+    if b.type == "flat":
+        size = int(b.size)  # type: ignore[arg-type]
+        if any(region[a] != (0, desc.shape[a]) for a in range(1, len(region))):
+            return None
+        inner = math.prod(desc.shape[1:])
+        f0, f1 = region[0][0] * inner, region[0][1] * inner
+        return None if f0 % size or (f1 - f0) % size else True
+    if b.index is not None:
+        return None
+    for (lo, hi), s in zip(region, b.size):  # type: ignore[arg-type]
+        if s not in (None, 1) and (lo % s or (hi - lo) % s):
+            return None
+    return True
+
+
+def _fast_decode(desc: Descriptor, src: TorchSource, region: Region, out: torch.Tensor) -> bool:
+    """Decode ``region`` into ``out`` (contiguous, logical dtype) by chunks of rows: per chunk one
+    byte-to-int32 copy into a reused index buffer, one ``index_select`` from the 256-entry byte
+    table, one in-place op per parameter with its per-block values broadcast (never expanded),
+    and one round-to-nearest-even cast into ``out``.  The same binary32 ops, in the same order, on
+    the same values as :func:`decode_region`: only the passes over memory change.  Returns False
+    (nothing written) where the tensor needs the general path."""
+    table, valid = element_table(desc, src)
+    if valid != table.numel() or not region:
+        return False
+    words = _fast_words(desc, src, region)
+    if words is None:
+        return False
+    n_per_byte = desc.codes.packing.slots_per_word(desc.codes.element.bits)
+    if out.storage_offset() % n_per_byte:  # the byte table's items are viewed over ``out``
+        return False
+    rows = region[0][1] - region[0][0]
+    if any(_fast_param_shape(prm, desc, region) is None for prm in desc.params()):
+        return False
+    n = torch.get_num_threads() if out.device.type == "cpu" else 1
+    pool = _pool(n) if n > 1 else None
+
+    def prepare() -> list:
+        steps = []
+        for prm in desc.params():
+            fast = _fast_param(prm, desc, src, region, 0)
+            assert fast is not None
+            steps.append((getattr(torch, prm.arith), fast[0], fast[1]))
+        return steps
+
+    # parameter values (nested encoded ones are decoded here) on a single-threaded worker too:
+    # many small ops, each a parallel region with intra-op threads
+    steps = prepare() if pool is None else pool.submit(prepare).result()
+    from qformat.decode import _row_multiple
+
+    row = max(1, math.prod(out.shape[1:]))
+    mult = _row_multiple(desc)
+    step = max(mult, FAST_CHUNK_ELEMENTS // row // mult * mult)
+    # every step's leading dimension must split at chunk boundaries
+    for _, xshape, _ in steps:
+        if (step * xshape[0]) % rows:
+            return False
+    bits = desc.codes.element.bits
+    p = desc.codes.packing
+    bt = _byte_table(table.cpu().numpy().tobytes(), bits, p, table.device)
+    direct = out.dtype == torch.float32
+    bpr = max(1, words[0].numel()) if rows else 1
+    starts = list(range(0, rows, step))
+
+    def work(chunk_starts: Iterator[int]) -> None:
+        idx = _buffer("idx", step * bpr, torch.int32, out.device)
+        scratch = None if direct else _buffer("f32", step * row, torch.float32, out.device).view((step,) + tuple(out.shape[1:]))
+        for a in chunk_starts:
+            b = min(rows, a + step)
+            w = words[a:b]
+            ib = idx[: w.numel()]
+            ib.view(w.shape).copy_(w)
+            x = out[a:b] if direct else scratch[: b - a]  # type: ignore[index]
+            torch.index_select(bt, 0, ib, out=x.reshape(-1).view(bt.dtype))
+            for op, xshape, v in steps:
+                k = (b - a) * xshape[0] // rows
+                xv = x.view((k,) + tuple(xshape[1:]))
+                if v.shape[0] == xshape[0] != 1:  # values per leading block: this chunk's
+                    v = v[a * xshape[0] // rows : a * xshape[0] // rows + k]
+                op(xv, v, out=xv)  # one binary32 op per step, in place: torch never fuses these
+            if not direct:
+                out[a:b].copy_(x)  # the same round-to-nearest-even cast as .to()
+
+    if pool is None or len(starts) < 2 * n:
+        work(iter(starts))
+    else:
+        # the workers take chunks from one shared iterator (next() holds the GIL): a worker
+        # whose core is busy elsewhere simply takes fewer chunks; no barrier between chunks
+        shared = iter(starts)
+        for _ in pool.map(work, [shared] * n):
+            pass
+    return True
+
+
+_BUFFERS = threading.local()
+
+
+def _buffer(kind: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A per-thread scratch buffer of at least ``numel`` elements, kept between calls: fresh
+    megabyte allocations are page-faulted in on every call otherwise."""
+    if device.type != "cpu" or numel > 4 * FAST_CHUNK_ELEMENTS:  # a huge row: not kept
+        return torch.empty(numel, dtype=dtype, device=device)
+    cache = getattr(_BUFFERS, "d", None)
+    if cache is None:
+        cache = _BUFFERS.d = {}
+    b = cache.get(kind)
+    if b is None or b.numel() < numel or b.dtype != dtype:
+        b = cache[kind] = torch.empty(numel, dtype=dtype)
+    return b[:numel]
+
+
+_MADVISE = None
+
+
+def _empty_out(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.empty`` for the output, on CPU with a transparent-huge-page hint for large ones
+    (``madvise(MADV_HUGEPAGE)``, as NumPy gives its own large arrays): first-touch page faults
+    of 4 KB pages cost more than the decode itself (64 MB: ~30 ms of faults against ~4 ms with
+    2 MB pages on this kind of machine).  The hint changes no value; it is skipped where the
+    call is unavailable."""
+    global _MADVISE
+    t = torch.empty(shape, dtype=dtype, device=device)
+    nbytes = t.numel() * t.element_size()
+    if t.device.type != "cpu" or nbytes < (4 << 20):
+        return t
+    if _MADVISE is None:
+        try:
+            import ctypes
+            import sys
+
+            if not sys.platform.startswith("linux"):
+                raise OSError
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.madvise
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            fn.restype = ctypes.c_int
+            _MADVISE = fn
+        except (OSError, AttributeError):
+            _MADVISE = False
+    if _MADVISE:
+        page = 4096
+        a = -(-t.data_ptr() // page) * page
+        e = (t.data_ptr() + nbytes) // page * page
+        if e > a:
+            _MADVISE(a, e - a, 14)  # MADV_HUGEPAGE; an error (no THP) leaves the hint unset
+    return t
