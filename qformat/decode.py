@@ -258,12 +258,13 @@ def _fast_planes(desc: Descriptor, src: Source, region: Region, table: np.ndarra
     return out
 
 
-def _fast_param(prm: Param, desc: Descriptor, src: Source, region: Region, depth: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(a view of ``x``, the parameter's values) that broadcast cell by cell without expanding
-    the parameter to the region's size, or None where blocks do not tile the region evenly
-    (then :func:`param_values` expands it)."""
+def block_view(prm: Param, desc: Descriptor, region: Region) -> tuple[Region, tuple[int, ...], tuple[int, ...]] | None:
+    """How a parameter's cells tile ``region`` without expanding the parameter: (the box of
+    parameter-grid cells covering the region, a shape to view the region's values in, the shape
+    of the box's values that broadcasts against that view), or None where blocks do not tile the
+    region evenly (a partial block, a group index, flat blocks over part of a row).  Framework
+    neutral: the NumPy and torch decoders both apply parameters through it."""
     b = prm.blocks
-    grid = b.grid_shape(desc.shape)
     if b.type == "flat":
         size = int(b.size)  # type: ignore[arg-type]
         if any(region[a] != (0, desc.shape[a]) for a in range(1, len(region))):
@@ -272,8 +273,8 @@ def _fast_param(prm: Param, desc: Descriptor, src: Source, region: Region, depth
         f0, f1 = region[0][0] * inner, region[0][1] * inner
         if f0 % size or (f1 - f0) % size:
             return None
-        vals = _grid_box(prm, desc, src, ((f0 // size, f1 // size),), grid, depth)
-        return x.reshape(-1, size), vals[:, None]
+        cells = (f1 - f0) // size
+        return ((f0 // size, f1 // size),), (cells, size), (cells, 1)
     if b.index is not None:
         return None
     xshape: list[int] = []
@@ -295,7 +296,18 @@ def _fast_param(prm: Param, desc: Descriptor, src: Source, region: Region, depth
             vshape += [n // s, 1]
         else:
             return None
-    vals = _grid_box(prm, desc, src, tuple(box), grid, depth)
+    return tuple(box), tuple(xshape), tuple(vshape)
+
+
+def _fast_param(prm: Param, desc: Descriptor, src: Source, region: Region, depth: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a view of ``x``, the parameter's values) that broadcast cell by cell without expanding
+    the parameter to the region's size, or None where blocks do not tile the region evenly
+    (then :func:`param_values` expands it)."""
+    view = block_view(prm, desc, region)
+    if view is None:
+        return None
+    box, xshape, vshape = view
+    vals = _grid_box(prm, desc, src, box, prm.blocks.grid_shape(desc.shape), depth)
     return x.reshape(xshape), vals.reshape(vshape)
 
 

@@ -5,9 +5,9 @@ point that is itself packed, a plain scale transposed from ``[groups, N]``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from .base import Checkpoint, source_error
+from .base import Checkpoint, Described, source_error
 
 #: Storage dtype of ``scales`` -> logical dtype of the weight.  The runtimes compute the
 #: dequantized weight in the scales' dtype (AutoGPTQ, GPTQModel and AutoAWQ multiply an
@@ -20,6 +20,25 @@ PACKED_SUFFIXES = (".qweight", ".qzeros", ".scales")
 def module_prefixes(ck: Checkpoint) -> list[str]:
     """Prefixes ``P`` of every stored ``P.qweight``, in file order."""
     return [n[: -len(".qweight")] for n in ck.names() if n.endswith(".qweight")]
+
+
+def quant_method_is(qc: Any, method: str) -> bool | None:
+    """True/False when the quantization config names a ``quant_method``, None when it names none."""
+    if isinstance(qc, dict) and isinstance(qc.get("quant_method"), str):
+        return qc["quant_method"].lower() == method
+    return None
+
+
+def describe_modules(ck: Checkpoint, what: str, describe_module: Callable[[Checkpoint, str], tuple[str, dict[str, Any]]]) -> Described:
+    """One descriptor per ``<module>.qweight`` prefix, built by ``describe_module``."""
+    prefixes = module_prefixes(ck)
+    if not prefixes:
+        raise source_error(f"no tensor named '<module>.qweight': not {what} checkpoint")
+    out = Described()
+    for p in prefixes:
+        name, desc = describe_module(ck, p)
+        out.descriptors[name] = desc
+    return out
 
 
 def packed_modules(ck: Checkpoint) -> list[str]:

@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Checkpoint, Converter, Described, source_error, unsupported
-from ._intpack import (SCALE_DTYPES, ceil_div, cfg_bool, cfg_int, cfg_str, expect_shape, int_element,
-                       module_prefixes, packed_modules, word_packing)
+from ._intpack import (SCALE_DTYPES, ceil_div, cfg_bool, cfg_int, cfg_str, describe_modules, expect_shape, int_element,
+                       packed_modules, quant_method_is, word_packing)
 
 #: Nibble i of each word holds column 8c + AWQ_ORDER[i] (AutoAWQ AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]).
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
@@ -54,8 +54,9 @@ class AWQ(Converter):
         if ck.kind != "safetensors":
             return False
         qc = ck.quantization_config()
-        if isinstance(qc, dict) and isinstance(qc.get("quant_method"), str):
-            return qc["quant_method"].lower() == "awq"
+        named = quant_method_is(qc, "awq")
+        if named is not None:
+            return named
         if isinstance(qc, dict) and "w_bit" in qc and "q_group_size" in qc:  # AutoAWQ quant_config.json
             return True
         mods = packed_modules(ck)
@@ -64,14 +65,7 @@ class AWQ(Converter):
     def describe(self, ck: Checkpoint) -> Described:
         qc = ck.quantization_config()
         gs = _config(qc if isinstance(qc, dict) else None)
-        out = Described()
-        prefixes = module_prefixes(ck)
-        if not prefixes:
-            raise source_error("no tensor named '<module>.qweight': not an AWQ checkpoint")
-        for p in prefixes:
-            name, desc = _describe_module(ck, p, gs)
-            out.descriptors[name] = desc
-        return out
+        return describe_modules(ck, "an AWQ", lambda c, p: _describe_module(c, p, gs))
 
 
 def _config(qc: dict[str, Any] | None) -> int | None:

@@ -17,7 +17,6 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .. import dtypes as _dt
 from ..container import Header, read_header, strict_json
 from ..errors import QFormatError, error
 from ..io import FileSource
@@ -38,10 +37,25 @@ def unsupported(message: str, tensor: str | None = None, field: str | None = Non
     return error("CONVERT_UNSUPPORTED", message, tensor=tensor, field=field)
 
 
-def read_json_file(path: str) -> Any:
-    """Strictly parse a JSON side file (size-bounded; duplicate keys, NaN and trailing text refused)."""
+def parse_json_text(text: str, what: str, tensor: str | None = None, field: str | None = None) -> Any:
+    """Strictly parse JSON text from a side file, a tensor or a metadata string (never eval):
+    exactly one value, no repeated member names, no NaN/Infinity, bounded depth; else
+    ``CONVERT_SOURCE_INVALID`` naming ``what``."""
     from ..container import _Dup
 
+    try:
+        value, end = strict_json(text)
+    except _Dup as e:
+        raise source_error(f"{what} repeats the member name {e.key!r}", tensor=tensor, field=field) from None
+    except (ValueError, RecursionError) as e:
+        raise source_error(f"{what} is not valid JSON: {e}", tensor=tensor, field=field) from None
+    if text[end:].strip(" \t\r\n"):
+        raise source_error(f"{what} has text after its JSON value", tensor=tensor, field=field)
+    return value
+
+
+def read_json_file(path: str) -> Any:
+    """Strictly parse a JSON side file (size-bounded; see :func:`parse_json_text`)."""
     name = os.path.basename(path)
     try:
         size = os.path.getsize(path)
@@ -51,16 +65,7 @@ def read_json_file(path: str) -> Any:
             text = f.read().decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise source_error(f"cannot read {name} as UTF-8 text: {e}") from None
-    text = text.lstrip("\ufeff \t\r\n")
-    try:
-        value, end = strict_json(text)
-    except _Dup as e:
-        raise source_error(f"{name} repeats a member name: {e}") from None
-    except (ValueError, RecursionError) as e:
-        raise source_error(f"{name} is not valid JSON: {e}") from None
-    if text[end:].strip(" \t\r\n"):
-        raise source_error(f"{name} has text after its JSON value")
-    return value
+    return parse_json_text(text.lstrip("\ufeff \t\r\n"), name)
 
 
 class Checkpoint:
@@ -259,18 +264,6 @@ class Converter:
 
     def describe(self, ck: Checkpoint) -> Described:
         raise NotImplementedError
-
-
-def storage_dtype_of(a: np.ndarray) -> str:
-    st = _dt.storage_name(a.dtype)
-    if st is None:
-        raise TypeError(f"array dtype {a.dtype} has no safetensors dtype")
-    return st
-
-
-def grid_info(ck: Checkpoint, name: str) -> tuple[str, tuple[int, ...]]:
-    i = ck.require(name)
-    return i.dtype, i.shape
 
 
 def quant_config_value(qc: Mapping[str, Any], key: str, kinds: tuple[type, ...], default: Any = None, required: bool = False) -> Any:

@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 
 from .. import tables
-from ..container import _Dup, strict_json
-from .base import Checkpoint, Converter, Described, source_error, unsupported
+from .base import Checkpoint, Converter, Described, parse_json_text, source_error, unsupported
 
 #: The JSON blob's tensor suffix, per quant_type.
 BLOB = ".quant_state.bitsandbytes__"
@@ -48,20 +47,6 @@ _DTYPES = ("float32", "float16", "bfloat16")
 #: Storage dtype of ``P.weight`` -> container width (SPEC §7.2).
 _CONTAINER = {"U8": 8, "I8": 8, "U16": 16, "I16": 16, "F16": 16, "BF16": 16, "U32": 32, "I32": 32, "F32": 32}
 _KEYS = {"quant_type", "blocksize", "dtype", "shape", "nested_blocksize", "nested_dtype", "nested_offset"}
-
-
-def parse_json_blob(text: str, what: str, tensor: str | None = None, field: str | None = None) -> Any:
-    """Strictly parse JSON text held in a tensor or a metadata string (never eval): exactly one
-    value, no repeated member names, no NaN/Infinity, bounded depth; else CONVERT_SOURCE_INVALID."""
-    try:
-        value, end = strict_json(text)
-    except _Dup as e:
-        raise source_error(f"{what} repeats the member name {e.key!r}", tensor=tensor, field=field) from None
-    except (ValueError, RecursionError) as e:
-        raise source_error(f"{what} is not valid JSON: {e}", tensor=tensor, field=field) from None
-    if text[end:].strip(" \t\r\n"):
-        raise source_error(f"{what} has text after its JSON value", tensor=tensor, field=field)
-    return value
 
 
 def _int(v: Any, what: str, blob: str) -> int:
@@ -79,7 +64,7 @@ def read_quant_state(ck: Checkpoint, blob: str, quant_type: str) -> dict[str, An
         text = bytes(ck.array(blob)).decode("utf-8")
     except UnicodeDecodeError as e:
         raise source_error(f"the quant state is not UTF-8 text: {e}", tensor=blob) from None
-    qs = parse_json_blob(text, "the quant state", tensor=blob)
+    qs = parse_json_text(text, "the quant state", tensor=blob)
     if not isinstance(qs, dict):
         raise source_error(f"the quant state is a JSON {type(qs).__name__}, expected an object", tensor=blob)
     extra = sorted(set(qs) - _KEYS)

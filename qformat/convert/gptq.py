@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from .base import Checkpoint, Converter, Described, source_error, unsupported
-from ._intpack import (SCALE_DTYPES, ceil_div, cfg_bool, cfg_int, cfg_str, expect_shape, int_element,
-                       module_prefixes, packed_modules, word_packing)
+from ._intpack import (SCALE_DTYPES, ceil_div, cfg_bool, cfg_int, cfg_str, describe_modules, expect_shape, int_element,
+                       packed_modules, quant_method_is, word_packing)
 
 BITS = (2, 3, 4, 8)
 FORMATS = {"gptq": 1, "gptq_v2": 0}  # checkpoint_format -> code_offset of the stored zero points
@@ -62,22 +62,16 @@ class GPTQ(Converter):
         if ck.kind != "safetensors":
             return False
         qc = ck.quantization_config()
-        if isinstance(qc, dict) and isinstance(qc.get("quant_method"), str):
-            return qc["quant_method"].lower() == "gptq"
+        named = quant_method_is(qc, "gptq")
+        if named is not None:
+            return named
         mods = packed_modules(ck)
         return bool(mods) and all(_is_gptq_module(ck, p) for p in mods)
 
     def describe(self, ck: Checkpoint) -> Described:
         qc = ck.quantization_config()
         cfg = _config(qc if isinstance(qc, dict) else None)
-        out = Described()
-        prefixes = module_prefixes(ck)
-        if not prefixes:
-            raise source_error("no tensor named '<module>.qweight': not a GPTQ checkpoint")
-        for p in prefixes:
-            name, desc = _describe_module(ck, p, cfg)
-            out.descriptors[name] = desc
-        return out
+        return describe_modules(ck, "a GPTQ", lambda c, p: _describe_module(c, p, cfg))
 
 
 def _config(qc: dict[str, Any] | None) -> dict[str, Any]:

@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Checkpoint, Converter, Described, source_error, unsupported
-from .bitsandbytes import parse_json_blob
+from .base import Checkpoint, Converter, Described, parse_json_text, source_error, unsupported
 
 _FLOAT = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 _LOGICAL = {"float32", "float16", "bfloat16"}
@@ -124,7 +123,7 @@ def _entries(ck: Checkpoint) -> list[tuple[str, _Meta]]:
         md = ck.metadata(f)
         if "tensor_names" not in md:
             continue
-        names = parse_json_blob(md["tensor_names"], f"{f}: __metadata__ tensor_names", field="tensor_names")
+        names = parse_json_text(md["tensor_names"], f"{f}: __metadata__ tensor_names", field="tensor_names")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(names) > _MAX_NAMES:
             raise source_error(f"{f}: __metadata__ tensor_names is not a list of strings", field="tensor_names")
         for n in names:
@@ -135,7 +134,7 @@ def _entries(ck: Checkpoint) -> list[tuple[str, _Meta]]:
                     raise source_error(f"{f}: the metadata of {n!r} differs from another shard's", field=n)
                 continue
             seen[n] = md[n]
-            out.append((f, _Meta(n, parse_json_blob(md[n], f"{f}: __metadata__[{n!r}]", tensor=n, field=n))))
+            out.append((f, _Meta(n, parse_json_text(md[n], f"{f}: __metadata__[{n!r}]", tensor=n, field=n))))
     return out
 
 

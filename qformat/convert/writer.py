@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -27,7 +26,6 @@ from ..check import check_file
 from ..container import write_file
 from ..descriptor import parse_descriptor, validate_descriptor
 from ..errors import QFormatError, error
-from ..io import SPEC_VERSION  # noqa: F401  (kept for importers)
 from ..model import required_version
 from ..model import METADATA_KEY
 from ..sources import TensorInfo
@@ -88,8 +86,7 @@ class Progress:
         self.stream.flush()
 
 
-def _validated(ck: Checkpoint, described: Described) -> dict[str, Any]:
-    src = _Combined(ck, described.added)
+def _validated(described: Described, src: _Combined) -> dict[str, Any]:
     parsed = {}
     for name, raw in described.descriptors.items():
         try:
@@ -106,8 +103,8 @@ def _validated(ck: Checkpoint, described: Described) -> dict[str, Any]:
 
 def plan(ck: Checkpoint, described: Described, repack: bool) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Per output file: {stored name: array} and {logical name: descriptor JSON}."""
-    parsed = _validated(ck, described)
     src = _Combined(ck, described.added)
+    parsed = _validated(described, src)
     single = ck.files[0] if ck.files else "model.safetensors"
     if ck.kind != "safetensors":
         single = os.path.splitext(ck.files[0])[0] + ".safetensors"
@@ -127,17 +124,15 @@ def plan(ck: Checkpoint, described: Described, repack: bool) -> tuple[dict[str, 
         else:
             dj = described.descriptors[name]
             arrays = {ref: src.array(ref) for _, ref in desc.references()}
+        # A referenced tensor moves next to its codes: a logical tensor never spans shards (SPEC §14).
         for _, ref in desc.references():
             other = referenced.setdefault(ref, name)
-            if other != name and repack is False and home(ref) != target:
+            if other != name and not repack and home(ref) != target:
                 raise error("CONVERT_UNSUPPORTED", f"tensor {ref!r} is shared by {other!r} and {name!r}, which the output would place in different files", tensor=name)
-            if ck.kind == "safetensors" and ref in ck and home(ref) != target and not repack:
-                pass  # moved next to its codes: a logical tensor never spans shards (SPEC §14)
         out = files.setdefault(target, {})
         for k, v in arrays.items():
-            if k in out and out[k] is not v and not repack:
-                continue
-            out[k] = v
+            if repack or k not in out:
+                out[k] = v
         descs.setdefault(target, {})[name] = dj
     if ck.kind == "safetensors":
         for n in ck.names():

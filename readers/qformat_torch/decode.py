@@ -24,6 +24,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from qformat.decode import block_view
 from qformat.descriptor import Descriptor, Param, codes_shape
 from qformat.elements import Element, float_lut
 from qformat.elements import lut as element_lut
@@ -339,35 +340,12 @@ def _to_device(bt: np.ndarray, n: int, device: torch.device) -> torch.Tensor:
 
 def _fast_values(desc: Descriptor, src: TorchSource, region: Region, table: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """Element values of ``region`` by one lookup per packed byte (None: use the general path)."""
+    words = _fast_words(desc, src, region, per_row=False)
+    if words is None:
+        return None
     p = desc.codes.packing
     bits = desc.codes.element.bits
-    rank = len(desc.shape)
-    if rank == 0 or p.container != 8 or p.order is not None or p.planes_span is not None or not p.uses_slots(bits):
-        return None
     n = p.slots_per_word(bits)
-    if n not in _BYTE_ITEM:
-        return None
-    if p.axis is None:  # one row: whole logical rows are a contiguous run of bytes
-        if any(region[a] != (0, desc.shape[a]) for a in range(1, rank)):
-            return None
-        inner = math.prod(desc.shape[1:])
-        e0, e1 = region[0][0] * inner, region[0][1] * inner
-        if e0 % n or (e1 - e0) % n:
-            return None
-        flat_box: tuple[slice, ...] | None = (slice(e0 // n, e1 // n),)
-    elif p.axis == rank - 1:
-        flat_box = None
-    else:
-        return None
-    c0, c1 = region[-1]
-    if flat_box is None and (c0 % n or (c1 - c0) % n):
-        return None
-    if flat_box is not None:
-        _, _, wpr = codes_shape(desc)
-        words = src.read(desc.codes.tensor, shape=(wpr,), box=flat_box).view(torch.uint8)
-    else:
-        idx = tuple(slice(lo, hi) for lo, hi in region[:-1]) + (slice(c0 // n, c1 // n),)
-        words = src.read(desc.codes.tensor, box=idx).view(torch.uint8)
     bt = _byte_table(table.cpu().numpy().tobytes(), bits, p, table.device)
     if out is not None and out.storage_offset() % n:  # cannot hold the table's n-value items
         out = None
@@ -379,42 +357,14 @@ def _fast_values(desc: Descriptor, src: TorchSource, region: Region, table: torc
 
 def _fast_param(prm: Param, desc: Descriptor, src: TorchSource, region: Region, depth: int) -> tuple[tuple[int, ...], torch.Tensor] | None:
     """(a shape to view the region's values in, the parameter's values in a shape broadcasting
-    against it) without expanding the parameter, or None where blocks do not tile the region."""
-    b = prm.blocks
-    grid = b.grid_shape(desc.shape)
-    if b.type == "flat":
-        size = int(b.size)  # type: ignore[arg-type]
-        if any(region[a] != (0, desc.shape[a]) for a in range(1, len(region))):
-            return None
-        inner = math.prod(desc.shape[1:])
-        f0, f1 = region[0][0] * inner, region[0][1] * inner
-        if f0 % size or (f1 - f0) % size:
-            return None
-        vals = _grid_box(prm, src, ((f0 // size, f1 // size),), grid, depth)
-        return ((f1 - f0) // size, size), vals.reshape(-1, 1)
-    if b.index is not None:
+    against it) without expanding the parameter, or None where blocks do not tile the region
+    (the geometry is the core's :func:`qformat.decode.block_view`)."""
+    view = block_view(prm, desc, region)
+    if view is None:
         return None
-    xshape: list[int] = []
-    vshape: list[int] = []
-    box = []
-    for (lo, hi), s in zip(region, b.size):  # type: ignore[arg-type]
-        n = hi - lo
-        if s is None:
-            box.append((0, 1))
-            xshape.append(n)
-            vshape.append(1)
-        elif s == 1:
-            box.append((lo, hi))
-            xshape.append(n)
-            vshape.append(n)
-        elif lo % s == 0 and n % s == 0:
-            box.append((lo // s, hi // s))
-            xshape += [n // s, s]
-            vshape += [n // s, 1]
-        else:
-            return None
-    vals = _grid_box(prm, src, tuple(box), grid, depth)
-    return tuple(xshape), vals.reshape(vshape)
+    box, xshape, vshape = view
+    vals = _grid_box(prm, src, box, prm.blocks.grid_shape(desc.shape), depth)
+    return xshape, vals.reshape(vshape)
 
 
 # -- decoding ----------------------------------------------------------------------------------------
@@ -540,9 +490,11 @@ def _pool(n: int) -> "ThreadPoolExecutor | None":
     return pool
 
 
-def _fast_words(desc: Descriptor, src: TorchSource, region: Region) -> torch.Tensor | None:
-    """The packed bytes of ``region`` as ``[rows, ...]`` uint8 with each row's bytes holding
-    exactly that row's codes, where a per-byte lookup applies (else None)."""
+def _fast_words(desc: Descriptor, src: TorchSource, region: Region, per_row: bool = True) -> torch.Tensor | None:
+    """The packed bytes of ``region`` (uint8) where a per-byte lookup applies, else None.  With
+    ``per_row`` they come as ``[rows, ...]`` with each row's bytes holding exactly that row's
+    codes; otherwise a row of ``axis`` null only needs the region's first and last code on byte
+    boundaries."""
     p = desc.codes.packing
     bits = desc.codes.element.bits
     rank = len(desc.shape)
@@ -551,15 +503,17 @@ def _fast_words(desc: Descriptor, src: TorchSource, region: Region) -> torch.Ten
     n = p.slots_per_word(bits)
     if n not in _BYTE_ITEM:
         return None
-    if p.axis is None:
+    if p.axis is None:  # one row: whole logical rows are a contiguous run of bytes
         if any(region[a] != (0, desc.shape[a]) for a in range(1, rank)):
             return None
         inner = math.prod(desc.shape[1:])
-        if inner % n:
+        r0, r1 = region[0]
+        e0, e1 = r0 * inner, r1 * inner
+        if (inner % n) if per_row else (e0 % n or (e1 - e0) % n):
             return None
         _, _, wpr = codes_shape(desc)
-        r0, r1 = region[0]
-        return src.read(desc.codes.tensor, shape=(wpr,), box=(slice(r0 * inner // n, r1 * inner // n),)).view(torch.uint8).reshape(r1 - r0, inner // n)
+        words = src.read(desc.codes.tensor, shape=(wpr,), box=(slice(e0 // n, e1 // n),)).view(torch.uint8)
+        return words.reshape(r1 - r0, inner // n) if per_row else words
     if p.axis != rank - 1:
         return None
     c0, c1 = region[-1]
@@ -567,24 +521,6 @@ def _fast_words(desc: Descriptor, src: TorchSource, region: Region) -> torch.Ten
         return None
     idx = tuple(slice(lo, hi) for lo, hi in region[:-1]) + (slice(c0 // n, c1 // n),)
     return src.read(desc.codes.tensor, box=idx).view(torch.uint8)
-
-
-def _fast_param_shape(prm: Param, desc: Descriptor, region: Region) -> bool | None:
-    """True where :func:`_fast_param` applies to ``region`` (checked without reading values)."""
-    b = prm.blocks
-    if b.type == "flat":
-        size = int(b.size)  # type: ignore[arg-type]
-        if any(region[a] != (0, desc.shape[a]) for a in range(1, len(region))):
-            return None
-        inner = math.prod(desc.shape[1:])
-        f0, f1 = region[0][0] * inner, region[0][1] * inner
-        return None if f0 % size or (f1 - f0) % size else True
-    if b.index is not None:
-        return None
-    for (lo, hi), s in zip(region, b.size):  # type: ignore[arg-type]
-        if s not in (None, 1) and (lo % s or (hi - lo) % s):
-            return None
-    return True
 
 
 def _fast_decode(desc: Descriptor, src: TorchSource, region: Region, out: torch.Tensor) -> bool:
@@ -604,7 +540,7 @@ def _fast_decode(desc: Descriptor, src: TorchSource, region: Region, out: torch.
     if out.storage_offset() % n_per_byte:  # the byte table's items are viewed over ``out``
         return False
     rows = region[0][1] - region[0][0]
-    if any(_fast_param_shape(prm, desc, region) is None for prm in desc.params()):
+    if any(block_view(prm, desc, region) is None for prm in desc.params()):
         return False
     n = torch.get_num_threads() if out.device.type == "cpu" else 1
     pool = _pool(n) if n > 1 else None
