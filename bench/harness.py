@@ -81,6 +81,15 @@ class Run:
         self.targets.append({"target": what, "measured": measured, "required": required, "unit": unit, "met": met})
 
 
+class BenchCheckFailed(RuntimeError):
+    """An equality check of the harness failed: a row would time a wrong result."""
+
+
+def _require(ok: bool, what: Any) -> None:
+    if not ok:
+        raise BenchCheckFailed(f"check failed: {what}")
+
+
 def _same_bits(a: Any, b: Any) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape or a.dtype.itemsize != b.dtype.itemsize:
@@ -174,7 +183,7 @@ def bench_decode(run: Run, rows: int, cols: int) -> None:
     """qformat NumPy (1 and 2 threads), torch CPU and JAX jit decode of each scheme to fp32."""
     import jax
     import torch
-    from qformat_jax._decode import descriptor_json, f32_path_chosen, jitted
+    from qformat_jax.decode import descriptor_json, f32_path_chosen, jitted
     from qformat_torch.decode import decode as tdecode
     from qformat_torch.qtensor import TorchQTensor
     from qformat_torch.sources import TensorSource
@@ -193,7 +202,7 @@ def bench_decode(run: Run, rows: int, cols: int) -> None:
         run.row(sec, "qformat numpy, 2 threads", run.time(lambda: qdecode.decode(desc, src, out=out, threads=2)), nbytes)
         tq = TorchQTensor.from_qtensor(q)
         tsrc = TensorSource(tq.components)
-        assert _same_bits(_torch_np(tdecode(desc, tsrc)), ref), kind
+        _require(_same_bits(_torch_np(tdecode(desc, tsrc)), ref), f"torch decode of {kind}")
         tout = torch.empty((rows, cols), dtype=torch.float32)
         threads0 = torch.get_num_threads()
         for th in (1, 2):  # into a preallocated output, as the NumPy rows and memcpy
@@ -202,10 +211,10 @@ def bench_decode(run: Run, rows: int, cols: int) -> None:
                 run.row(sec, f"qformat torch CPU, {th} thread{'s' if th > 1 else ''}", run.time(lambda: tdecode(desc, tsrc, out=tout)), nbytes)
             finally:
                 torch.set_num_threads(threads0)
-        assert _same_bits(tout.numpy(), ref), kind
+        _require(_same_bits(tout.numpy(), ref), f"torch decode of {kind} into out")
         fn = jitted(descriptor_json(desc))
         comps = {k: jax.device_put(v) for k, v in q.components.items()}
-        assert _same_bits(np.asarray(fn(comps)[0]), ref), kind
+        _require(_same_bits(np.asarray(fn(comps)[0]), ref), f"jax decode of {kind}")
         f32 = f32_path_chosen(desc, comps)
         run.row(sec, "qformat jax jit (exact)", run.time(lambda: fn(comps)[0].block_until_ready()), nbytes,
                 note="binary32 path (proved exact for these values)" if f32 else "binary64 path")
@@ -268,7 +277,7 @@ def bench_gguf(run: Run, rows: int, cols: int) -> None:
         for name, q in _gguf_equivalents(kind, data, rows, cols).items():
             desc, src = _parsed(q)
             out = np.empty((rows, cols), np.float32)
-            assert _same_bits(qdecode.decode(desc, src, threads=1), ref), (kind, name)
+            _require(_same_bits(qdecode.decode(desc, src, threads=1), ref), f"numpy decode of {kind} ({name})")
             run.row(sec, f"qformat numpy {name}, 1 thread", run.time(lambda: qdecode.decode(desc, src, out=out, threads=1)), nbytes, ref=f"gguf-py dequantize {kind}")
             run.row(sec, f"qformat numpy {name}, 2 threads", run.time(lambda: qdecode.decode(desc, src, out=out, threads=2)), nbytes, ref=f"gguf-py dequantize {kind}")
         del data, ref
@@ -297,7 +306,7 @@ def bench_nf4(run: Run, rows: int, cols: int) -> None:
     q = from_bnb(packed, state)
     desc, _ = _parsed(q)
     tsrc = TensorSource(TorchQTensor.from_qtensor(q).components)
-    assert _same_bits(_torch_np(tdecode(desc, tsrc)), _torch_np(ref))
+    _require(_same_bits(_torch_np(tdecode(desc, tsrc)), _torch_np(ref)), "torch nf4 decode against bitsandbytes")
     run.row(sec, "qformat torch nf4 -> bf16", run.time(lambda: tdecode(desc, tsrc)), nbytes, ref="bitsandbytes dequantize_4bit (CPU)")
     src = ArraySource(q.components)
     run.row(sec, "qformat numpy nf4 -> bf16, 2 threads", run.time(lambda: qdecode.decode(desc, src, threads=2)), nbytes, ref="bitsandbytes dequantize_4bit (CPU)")
@@ -341,7 +350,7 @@ def bench_load(run: Run, tmp: str, layers: int, rows: int, cols: int) -> None:
     gc.collect()
     print(f"\n[load] {layers} x {rows}x{cols}: bf16 file {os.path.getsize(bf) / MB:.0f} MB, int4 file {os.path.getsize(q4) / MB:.0f} MB", flush=True)
     a, b = safetensors.torch.load_file(bf), qformat_torch.load_file(q4)
-    assert all(_same_bits(_torch_np(a[k]), _torch_np(b[k])) for k in a)
+    _require(all(_same_bits(_torch_np(a[k]), _torch_np(b[k])) for k in a), "qformat.torch.load_file against safetensors")
     del a, b
     for cache in ("warm", "cold"):
         sec = f"load to bf16 ({cache} page cache)"
@@ -372,10 +381,10 @@ def bench_load(run: Run, tmp: str, layers: int, rows: int, cols: int) -> None:
 def write_big_checkpoint(path: str, layers: int, rows: int, cols_list: list[int]) -> int:
     """A qformat int4 g32 checkpoint written in a stream (random codes, fp16 scales); returns
     the number of packed code bytes.  The header comes from qformat's own save path
-    (qformat.io.prepare), the data never sits in memory at once."""
-    import struct
-
-    from qformat.container import _alignment
+    (qformat.io.prepare and qformat.container.plan_file); qformat.container.write_planned
+    writes one tensor body at a time, so the data never sits in memory at once."""
+    from qformat.container import TensorSpec, plan_file, write_planned
+    from qformat.dtypes import storage_name
     from qformat.io import prepare
 
     rng = np.random.default_rng(3)
@@ -386,36 +395,19 @@ def write_big_checkpoint(path: str, layers: int, rows: int, cols_list: list[int]
         d = {"shape": [rows, cols], "dtype": "bfloat16",
              "codes": {"tensor": "codes", "element": {"type": "int", "bits": 4, "signedness": "twos_complement"}, "packing": _pk()},
              "scale": {"blocks": {"type": "grid", "size": [1, 32]}, "op": "multiply", "tensor": "scale"}}
+        # zero-stride views (no memory): QTensor keeps component arrays as given
         comps = {"codes": np.broadcast_to(np.uint8(0), (rows, -(-cols // 2))), "scale": np.broadcast_to(np.float16(0.01), (rows, ng))}
-        tensors[f"layers.{i}.weight"] = qformat.QTensor.__new__(qformat.QTensor)
-        tensors[f"layers.{i}.weight"]._descriptor = d  # components stay zero-stride views (no memory)
-        tensors[f"layers.{i}.weight"]._components = comps
+        tensors[f"layers.{i}.weight"] = qformat.QTensor(d, comps)
     arrays, meta = prepare(tensors)
-    items = sorted(arrays.items(), key=lambda kv: (-_alignment({np.dtype(np.float16): "F16"}.get(kv[1].dtype, "U8")), kv[0]))
-    header: dict[str, Any] = {"__metadata__": meta}
-    off = 0
-    for name, a in items:
-        header[name] = {"dtype": "F16" if a.dtype == np.float16 else "U8", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
-        off += a.nbytes
-    hb = json.dumps(header, separators=(",", ":")).encode()
-    hb += b" " * (-len(hb) % 8)
-    packed = 0
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for name, a in items:
-            n = a.nbytes
-            if a.dtype == np.uint8:
-                packed += n
-                r, c = a.shape
-                chunk = max(1, (32 * MB) // c)
-                for i in range(0, r, chunk):
-                    blk = rng.integers(0, 256, (min(chunk, r - i), c), dtype=np.uint8)
-                    f.write(blk.tobytes())
-            else:
-                v = (rng.random(a.shape, np.float32) * 0.02 + 1e-3).astype(np.float16)
-                f.write(v.tobytes())
-    return packed
+    plan = plan_file([TensorSpec(name, str(storage_name(a.dtype)), tuple(a.shape)) for name, a in arrays.items()], meta)
+
+    def produce(t: TensorSpec) -> np.ndarray:
+        if t.dtype == "U8":
+            return rng.integers(0, 256, t.shape, dtype=np.uint8)
+        return (rng.random(t.shape, np.float32) * 0.02 + 1e-3).astype(np.float16)
+
+    write_planned(path, plan, produce)
+    return sum(t.nbytes for t in plan.order if t.dtype == "U8")
 
 
 def _padding_free(path: str) -> None:
@@ -493,7 +485,7 @@ def bench_check(run: Run, tmp: str, layers: int, rows: int) -> None:
             else:
                 _child(CHILD, path, "1" if payload else "0")  # warms the page cache
             r = _child(CHILD, path, "1" if payload else "0")
-            assert r["ok"], r
+            _require(r["ok"], r)
             key = f"{'payload' if payload else 'header-only'} {cache}"
             res[key] = r
             rss = r["maxrss_kb"] / 1024

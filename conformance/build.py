@@ -10,66 +10,106 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence, Union
 
 import ml_dtypes
 import numpy as np
 
 from . import spec_reference as R
 
+#: NumPy dtype -> safetensors dtype name (independent of qformat's own table).
 ST_DTYPE = {
     np.dtype(np.bool_): "BOOL", np.dtype(np.uint8): "U8", np.dtype(np.int8): "I8", np.dtype(np.uint16): "U16",
     np.dtype(np.int16): "I16", np.dtype(np.uint32): "U32", np.dtype(np.int32): "I32", np.dtype(np.uint64): "U64",
     np.dtype(np.int64): "I64", np.dtype(np.float16): "F16", np.dtype(ml_dtypes.bfloat16): "BF16",
-    np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3",
-    np.dtype(ml_dtypes.float8_e5m2): "F8_E5M2", np.dtype(ml_dtypes.float8_e8m0fnu): "F8_E8M0",
+    np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.complex64): "C64",
+    np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3", np.dtype(ml_dtypes.float8_e5m2): "F8_E5M2",
+    np.dtype(ml_dtypes.float8_e8m0fnu): "F8_E8M0",
 }
 WIDTH = {"U8": 1, "I8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "I16": 2, "F16": 2,
          "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
 
+#: A tensor to lay out: a NumPy array, or (safetensors dtype, shape, raw bytes) taken verbatim.
+Tensorish = Union[np.ndarray, "tuple[str, Sequence[int], bytes]"]
+
 
 # -- raw files -----------------------------------------------------------------------------------
+# The one raw safetensors writer of the repository: the corpus cases here and the test suite
+# (tests/filebuild.py imports these) lay files out byte by byte with it, never with qformat's writer.
+def raw_tensor(t: Tensorish) -> tuple[str, list[int], bytes]:
+    """(dtype name, shape, little-endian bytes) of an array or of a raw (dtype, shape, bytes) triple."""
+    if isinstance(t, tuple):
+        dt, shape, data = t
+        return dt, list(shape), bytes(data)
+    a = np.asarray(t)
+    dt = np.dtype(a.dtype)
+    # ascontiguousarray makes 0-d arrays 1-d: the reshape keeps the shape
+    c = np.ascontiguousarray(a, dtype=dt.newbyteorder("<")).reshape(a.shape)
+    return ST_DTYPE[dt.newbyteorder("=")], list(a.shape), c.tobytes()
+
+
+def layout(tensors: Mapping[str, Tensorish], sort: bool = False) -> tuple[dict[str, Any], bytes]:
+    """Header entries with consecutive offsets and the data buffer, in the mapping's order (or
+    in name order with ``sort``)."""
+    entries: dict[str, Any] = {}
+    chunks = []
+    off = 0
+    for name in (sorted(tensors) if sort else tensors):
+        dt, shape, data = raw_tensor(tensors[name])
+        entries[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
+        chunks.append(data)
+        off += len(data)
+    return entries, b"".join(chunks)
+
+
 def header_entries(tensors: Mapping[str, Any]) -> tuple[dict[str, Any], bytes]:
     """Entries and data buffer for tensors given as arrays or (dtype, shape, bytes) triples,
     laid out in name order."""
-    entries: dict[str, Any] = {}
-    data = b""
-    for name in sorted(tensors):
-        t = tensors[name]
-        if isinstance(t, tuple):
-            dt, shape, raw = t
-        else:
-            a = np.ascontiguousarray(t).reshape(np.shape(t))  # ascontiguousarray makes 0-d arrays 1-d
-            dt, shape, raw = ST_DTYPE[np.dtype(a.dtype)], list(a.shape), a.tobytes()
-        entries[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    return entries, data
+    return layout(tensors, sort=True)
 
 
-def raw_file(header: Mapping[str, Any] | str | bytes, data: bytes, pad: bool = True) -> bytes:
-    """8-byte length, header (dict -> compact JSON, or given text/bytes verbatim), data."""
+def header_bytes(header: Mapping[str, Any] | str | bytes, pad: bool = True) -> bytes:
+    """The header as bytes: dicts are dumped compactly; ``pad`` adds spaces to a multiple of 8."""
     if isinstance(header, Mapping):
         hb = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     elif isinstance(header, str):
         hb = header.encode("utf-8")
     else:
-        hb = header
+        hb = bytes(header)
     if pad:
         hb += b" " * (-len(hb) % 8)
-    return struct.pack("<Q", len(hb)) + hb + data
+    return hb
+
+
+def raw_file(header: Mapping[str, Any] | str | bytes, data: bytes = b"", pad: bool = True,
+             length: int | None = None) -> bytes:
+    """8-byte length (``length`` overrides the true one), header (dict -> compact JSON, or given
+    text/bytes verbatim), data."""
+    hb = header_bytes(header, pad)
+    return struct.pack("<Q", len(hb) if length is None else length) + hb + data
 
 
 def qformat_json(descs: Mapping[str, Any], version: str = "1.0", **top: Any) -> str:
     return json.dumps({"version": version, "tensors": dict(descs), **top}, separators=(",", ":"), sort_keys=True)
 
 
-def st_file(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> bytes:
-    entries, data = header_entries(tensors)
+def build_file(tensors: Mapping[str, Tensorish], metadata: Mapping[str, str] | None = None,
+               qformat: Mapping[str, Any] | str | None = None, *, pad: bool = True, sort: bool = False) -> bytes:
+    """A complete file; ``qformat`` (object, or raw text) goes to __metadata__["qformat"]; tensors
+    are laid out in the mapping's order (name order with ``sort``)."""
+    entries, data = layout(tensors, sort)
     header: dict[str, Any] = {}
-    if metadata:
-        header["__metadata__"] = dict(metadata)
+    meta = dict(metadata or {})
+    if qformat is not None:
+        meta["qformat"] = qformat if isinstance(qformat, str) else json.dumps(qformat, separators=(",", ":"))
+    if meta:
+        header["__metadata__"] = meta
     header.update(entries)
-    return raw_file(header, data)
+    return raw_file(header, data, pad=pad)
+
+
+def st_file(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> bytes:
+    return build_file(tensors, metadata, sort=True)
 
 
 def q_file(descs: Mapping[str, Any], comps: Mapping[str, Any], plain: Mapping[str, Any] | None = None,

@@ -14,8 +14,7 @@ This package imports NumPy, ml_dtypes and jsonschema only: never torch or jax.
 
 from .check import Problem, Report, check
 from .errors import InvalidFileError, MalformedFileError, QFormatError, UnsupportedError, UsageError
-from .index import load_checkpoint
-from .io import iter_tensors, load_file, safe_open, save_file
+from .io import iter_tensors, load_checkpoint, load_file, safe_open, save_file
 from .model import required_version
 from .qtensor import QTensor
 
@@ -26,15 +25,18 @@ SPEC_VERSION = "1.1"
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
-    """``qformat.torch`` and ``qformat.jax``: the framework readers, imported on first use."""
+    """``qformat.torch`` and ``qformat.jax``: the framework readers, imported on first use
+    (``from qformat.torch import load_file`` works too: see :mod:`qformat.torch`)."""
+    import sys
+
     if name == "torch":
-        import qformat_torch
+        import qformat.torch  # noqa: F401  (the module replaces itself with qformat_torch)
 
-        return qformat_torch
+        return sys.modules["qformat.torch"]
     if name == "jax":
-        import qformat_jax
+        import qformat.jax  # noqa: F401
 
-        return qformat_jax
+        return sys.modules["qformat.jax"]
     raise AttributeError(f"module 'qformat' has no attribute {name!r}")
 
 
@@ -45,8 +47,24 @@ def quantize(array, scheme: str, **params) -> QTensor:  # type: ignore[no-untype
     return _quantize(array, scheme, **params)
 
 
+def quantize_checkpoint(src, dst, scheme=None, recipe=None, **kwargs):  # type: ignore[no-untyped-def]
+    """Quantize a plain checkpoint into a qformat checkpoint, streaming (``qformat quantize``;
+    see :func:`qformat.checkpoint_quantize.quantize_checkpoint`)."""
+    from .checkpoint_quantize import quantize_checkpoint as _q
+
+    return _q(src, dst, scheme=scheme, recipe=recipe, **kwargs)
+
+
+def dequantize_checkpoint(src, dst, dtype=None, **kwargs):  # type: ignore[no-untyped-def]
+    """Decode a qformat checkpoint into a plain safetensors checkpoint, streaming (``qformat
+    dequantize``; see :func:`qformat.checkpoint_dequantize.dequantize_checkpoint`)."""
+    from .checkpoint_dequantize import dequantize_checkpoint as _d
+
+    return _d(src, dst, dtype=dtype, **kwargs)
+
+
 __all__ = [
     "InvalidFileError", "MalformedFileError", "Problem", "QFormatError", "QTensor", "Report", "SPEC_VERSION",
-    "UnsupportedError", "UsageError", "__version__", "check", "iter_tensors", "load_checkpoint", "load_file", "quantize", "required_version",
+    "UnsupportedError", "UsageError", "__version__", "check", "dequantize_checkpoint", "iter_tensors", "load_checkpoint", "load_file", "quantize", "quantize_checkpoint", "required_version",
     "safe_open", "save_file",
 ]

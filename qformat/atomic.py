@@ -1,4 +1,10 @@
-"""Atomic file replacement: write a temporary file beside the target, sync it, rename it."""
+"""Atomic file replacement: write a temporary file beside the target, sync it, rename it.
+
+Temporary files and folders are created private (0600 / 0700, so nobody reads a half-written
+file); before the rename they get the permissions an ordinary ``open()`` or ``mkdir()`` would
+have given under the current umask (or, when replacing a file, that file's own), so a model
+written by one user or job can be read by a server running as another.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,25 @@ import contextlib
 import os
 import tempfile
 from typing import IO, Iterator
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the system allows (Linux)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (the only portable way to read it)
+    os.umask(mask)
+    return mask
+
+
+def default_mode(folder: bool = False) -> int:
+    """Permission bits ``open()`` (0666) or ``mkdir()`` (0777) would give under the umask."""
+    return (0o777 if folder else 0o666) & ~current_umask()
 
 
 @contextlib.contextmanager
@@ -23,8 +48,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb", **open_kw: obje
             yield f
             f.flush()
             os.fsync(f.fileno())
-        if os.path.exists(path):
-            os.chmod(tmp, os.stat(path).st_mode & 0o777)
+        os.chmod(tmp, os.stat(path).st_mode & 0o777 if os.path.exists(path) else default_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

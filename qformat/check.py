@@ -19,10 +19,13 @@ import numpy as np
 
 from . import tables
 from .container import read_header
-from .decode import decode, element_table
-from .descriptor import INT_PARAM_DTYPES, Descriptor, Param, codes_shape
+from .decode import decode
+from .layouts import canonical_view
+from .regions import element_table
+from .descriptor import Descriptor, Param, codes_shape
+from .validate import INT_PARAM_DTYPES
 from .errors import QFormatError, error
-from .io import FileSource
+from .sources import FileSource
 from .index import INDEX_SUFFIX, mismatches, scan_index
 from .model import interpret
 from .packing import pack_rows, unpack_rows
@@ -242,10 +245,7 @@ def _check_values(name: str, desc: Descriptor, prm: Param, vals: np.ndarray, fie
 
 def check_payload(name: str, desc: Descriptor, src: Any, field_prefix: str = "") -> list[QFormatError]:
     """Payload problems of one valid descriptor (recursing into encoded parameters)."""
-    if desc.layout != "canonical":  # a device layout is checked through its canonical component (§11)
-        from .layouts import canonical_view
-
-        desc, src = canonical_view(desc, src)
+    desc, src = canonical_view(desc, src)  # a device layout is checked through its canonical component (§11)
     probs = _check_codes(name, desc, src, field_prefix)
     for prm in desc.params():
         f = f"{field_prefix}{prm.role}"
@@ -267,9 +267,8 @@ def check_payload(name: str, desc: Descriptor, src: Any, field_prefix: str = "")
                         seen.add(pr.code)
                         probs.append(pr)
                 _release(src, arr[i : i + step])
-        else:
+        elif prm.encoded is not None:
             enc = prm.encoded
-            assert enc is not None
             sub = check_payload(name, enc, src, f"{f}.encoded.")
             probs.extend(sub)
             if not sub:

@@ -34,6 +34,41 @@ def _parser() -> argparse.ArgumentParser:
     cv.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     cv.add_argument("--quiet", action="store_true", help="no progress bar")
     cv.add_argument("--list", action="store_true", help="list the source formats and exit")
+    q = sub.add_parser("quantize", help="quantize a plain checkpoint (folder, .safetensors, index.json) into qformat")
+    q.add_argument("src", metavar="SRC", help="a model folder (config.json + model.safetensors or a sharded index), a .safetensors file or an index.json")
+    q.add_argument("dst", metavar="DST", help="the output: a folder for a folder or sharded source (or with --max-shard-size), else a file")
+    q.add_argument("--scheme", metavar="S", help="the scheme for the tensors the default selection rule picks (int, nf4, fp8_e4m3, mxfp4, ...)")
+    q.add_argument("--bits", type=int, help="int: bits per code (2-8)")
+    q.add_argument("--group-size", type=_int_or_none, default=argparse.SUPPRESS, metavar="N|none", help="int: values per scale along the last axis, or none for per channel")
+    q.add_argument("--asymmetric", action="store_true", help="int: unsigned codes with a zero point")
+    q.add_argument("--block-size", type=_block_size, default=argparse.SUPPRESS, metavar="N|none|RxC", help="nf4/mx/codebook: block size; fp8: a block such as 128x128")
+    q.add_argument("--double-quant", action="store_true", help="nf4: quantize the absmax values too")
+    q.add_argument("--scale-dtype", metavar="D", help="int: the scale dtype (float16, bfloat16, float32)")
+    q.add_argument("--granularity", metavar="G", help="fp8: tensor, channel or block")
+    q.add_argument("--dtype", metavar="D", help="the logical dtype (float32, float16, bfloat16); default each tensor's own")
+    q.add_argument("--recipe", metavar="FILE", help="a TOML recipe of ordered rules (see README, 'Quantizing a checkpoint')")
+    q.add_argument("--max-shard-size", metavar="SIZE", help="shard the output, e.g. 5GB or 500MB (default: the source's files)")
+    q.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    q.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    q.add_argument("--quiet", action="store_true", help="no progress bar")
+    dq = sub.add_parser("dequantize", help="decode a qformat checkpoint into a plain safetensors checkpoint")
+    dq.add_argument("src", metavar="SRC", help="a qformat folder, .safetensors file or index.json")
+    dq.add_argument("dst", metavar="DST", help="the output: a folder for a folder or sharded source, else a file")
+    dq.add_argument("--dtype", metavar="D", help="cast decoded tensors to float32, float16 or bfloat16 (default: their logical dtype)")
+    dq.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    dq.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    dq.add_argument("--quiet", action="store_true", help="no progress bar")
+    ins = sub.add_parser("inspect", help="list what a checkpoint holds (any kind convert reads), from headers only")
+    ins.add_argument("path", metavar="PATH", help="a file, folder, *.safetensors.index.json or .gguf file (qformat, plain, or a convert source)")
+    ins.add_argument("--json", action="store_true", help="print JSON (format_version 1; see README) instead of text")
+    ins.add_argument("--from", dest="from_format", metavar="FORMAT", help="read PATH as this convert source format (default: detected)")
+    df = sub.add_parser("diff", help="compare two checkpoints tensor by tensor (bit-exactness, max abs/ulp difference, SQNR)")
+    df.add_argument("a", metavar="A", help="the reference checkpoint (the signal for SQNR); any kind inspect reads")
+    df.add_argument("b", metavar="B", help="the checkpoint compared with A")
+    df.add_argument("--json", action="store_true", help="print JSON (format_version 1; see README) instead of text")
+    df.add_argument("--fail-below", type=float, metavar="DB", help="exit 1 when any tensor's SQNR is under DB dB (or shapes differ, or a tensor is unreadable)")
+    df.add_argument("--plot", metavar="FILE.png", help="draw per-tensor SQNR as a bar chart (needs matplotlib)")
+    df.add_argument("--quiet", action="store_true", help="no progress line")
     conf = sub.add_parser("conformance", help="run the conformance corpus against a reader")
     csub = conf.add_subparsers(dest="conf_command", metavar="SUBCOMMAND", required=True)
     r = csub.add_parser("run", help="run the corpus against a reader (one JSON line per case, then a summary)")
@@ -51,6 +86,24 @@ def _parser() -> argparse.ArgumentParser:
     rd.add_argument("input", metavar="INPUT")
     rd.add_argument("output", metavar="OUTPUT")
     return p
+
+
+def _int_or_none(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'none', found {text!r}") from None
+
+
+def _block_size(text: str) -> int | list[int] | None:
+    if "x" in text.lower() or "," in text:
+        try:
+            return [int(p) for p in text.lower().replace(",", "x").split("x")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected N, none or RxC (such as 128x128), found {text!r}") from None
+    return _int_or_none(text)
 
 
 def _print_text(report: Report) -> None:
@@ -95,8 +148,150 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    """``qformat inspect``: 0 on success, 2 when PATH cannot be read as a checkpoint."""
+    from .errors import QFormatError
+    from .inspection import inspect_checkpoint
+
+    try:
+        r = inspect_checkpoint(args.path, from_format=args.from_format)
+    except QFormatError as e:
+        print(f"qformat: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # never a traceback
+        print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 3
+    print(json.dumps(r.to_dict(), indent=2) if args.json else "\n".join(r.lines()))
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    """``qformat diff``: 0 compared (and the gate passed), 1 the ``--fail-below`` gate failed,
+    2 a checkpoint cannot be read or ``--plot`` cannot be drawn (DEPENDENCY_MISSING)."""
+    from . import diff as qd
+    from .errors import QFormatError
+
+    show = not (args.quiet or args.json) and sys.stderr.isatty()
+    done = [0]
+
+    def progress(t: qd.TensorDiff) -> None:
+        done[0] += 1
+        if show:
+            sys.stderr.write(f"\r{done[0]} tensors compared  {t.name[:80]:<80}")
+            sys.stderr.flush()
+
+    try:
+        if args.plot:
+            qd.require_matplotlib()  # before any decoding: fail fast
+        r = qd.diff_checkpoints(args.a, args.b, fail_below=args.fail_below, progress=progress)
+        if show:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+        if args.plot:
+            qd.plot(r, args.plot)
+    except QFormatError as e:
+        print(f"qformat: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("qformat: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # never a traceback
+        print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 3
+    print(json.dumps(r.to_dict(), indent=2) if args.json else "\n".join(r.lines()))
+    if args.plot and not args.json:
+        print(f"plot: {args.plot}")
+    return 0 if r.ok else 1
+
+
+def _run_job(args: argparse.Namespace, job) -> int:  # type: ignore[no-untyped-def]
+    """Run a whole-checkpoint job: SIGTERM interrupts it like Ctrl-C (the temporary folder is
+    removed); errors are one line with their code, never a traceback."""
+    import signal
+
+    from .errors import QFormatError
+
+    def _term(signum, frame):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, _term)
+    except ValueError:  # not the main thread
+        old = None
+    try:
+        return job()
+    except QFormatError as e:
+        print(f"qformat: {e}", file=sys.stderr)
+        return 2 if e.category == "usage" else 1
+    except KeyboardInterrupt:
+        print("qformat: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    except Exception as e:  # never a traceback
+        print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 3
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from .checkpoint_output import stderr_notice
+    from .checkpoint_quantize import quantize_checkpoint
+
+    params: dict[str, object] = {}
+    for key, value in (("bits", args.bits), ("scale_dtype", args.scale_dtype), ("granularity", args.granularity), ("dtype", args.dtype)):
+        if value is not None:
+            params[key] = value
+    for key in ("group_size", "block_size"):  # given (None for "none") or absent (the scheme's default)
+        if hasattr(args, key):
+            params[key] = getattr(args, key)
+    if args.asymmetric:
+        params["symmetric"] = False
+    if args.double_quant:
+        params["double_quant"] = True
+    if args.scheme is None and args.recipe is None:
+        print("qformat: error: quantize needs --scheme or --recipe", file=sys.stderr)
+        return 2
+    if args.scheme is None and params:
+        print(f"qformat: error: scheme options ({', '.join(sorted(params))}) need --scheme (in a recipe, put them in its rules)", file=sys.stderr)
+        return 2
+
+    def job() -> int:
+        s = quantize_checkpoint(args.src, args.dst, scheme=args.scheme, recipe=args.recipe, max_shard_size=args.max_shard_size,
+                                overwrite=args.overwrite, progress=None if (args.quiet or args.json) else sys.stderr,
+                                notice=stderr_notice, **params)
+        if args.json:
+            print(json.dumps(s.to_dict(), indent=2))
+        else:
+            print(f"{args.dst}: quantized {s.quantized_tensors} tensors, kept {s.kept['tensors']}")
+            print("\n".join(s.lines()))
+        return 0
+
+    return _run_job(args, job)
+
+
+def _dequantize(args: argparse.Namespace) -> int:
+    from .checkpoint_output import stderr_notice
+    from .checkpoint_dequantize import dequantize_checkpoint
+
+    def job() -> int:
+        s = dequantize_checkpoint(args.src, args.dst, dtype=args.dtype, overwrite=args.overwrite,
+                                  progress=None if (args.quiet or args.json) else sys.stderr, notice=stderr_notice)
+        if args.json:
+            print(json.dumps(s.to_dict(), indent=2))
+        else:
+            print(f"{args.dst}: dequantized {s.dequantized} tensors, copied {s.kept} plain tensors, "
+                  f"{s.source_bytes / 1e6:,.1f} MB -> {s.bytes / 1e6:,.1f} MB in {len(s.files)} file(s)")
+        return 0
+
+    return _run_job(args, job)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "quantize":
+        return _quantize(args)
+    if args.command == "dequantize":
+        return _dequantize(args)
     if args.command == "conformance":
         from . import conformance
 
@@ -107,6 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 3
     if args.command == "convert":
         return _convert(args)
+    if args.command == "inspect":
+        return _inspect(args)
+    if args.command == "diff":
+        return _diff(args)
     if args.command != "check":
         _parser().print_help()
         return 2

@@ -230,7 +230,7 @@ def run(corpus: str, cases: list[dict], runner: Callable[[dict], dict[str, Any]]
 
 def reference_reader(path: str) -> dict[str, np.ndarray]:
     """The NumPy reference reader in the in-process protocol (files or sharded index)."""
-    from .index import load_checkpoint
+    from .io import load_checkpoint
 
     return load_checkpoint(path)
 

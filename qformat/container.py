@@ -13,7 +13,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterable, Mapping
+from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -114,7 +114,7 @@ def strict_json(text: str) -> tuple[Any, int]:
     return value, end
 
 
-def parse_header(f: BinaryIO, file_size: int) -> Header:
+def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) -> Header:
     """Read and validate the header of an open safetensors file."""
     if file_size < 8:
         raise _mal("HEADER_TOO_SMALL", f"expected at least 8 bytes, the file has {file_size}")
@@ -151,6 +151,8 @@ def parse_header(f: BinaryIO, file_size: int) -> Header:
     known = tables.dtypes()
     for name, ent in obj.items():
         if name == "__metadata__":
+            if ent is None and null_metadata_ok:  # what mx.save_safetensors writes by default
+                continue
             if not isinstance(ent, dict) or not all(isinstance(v, str) for v in ent.values()):
                 raise _mal("METADATA_INVALID", "__metadata__ must be an object whose values are all strings")
             metadata = ent
@@ -202,12 +204,16 @@ def parse_header(f: BinaryIO, file_size: int) -> Header:
     return Header(metadata, entries, data_start, file_size)
 
 
-def read_header(path: str | os.PathLike[str]) -> Header:
-    """Open ``path`` and validate its header (FILE_UNREADABLE when it cannot be read)."""
+def read_header(path: str | os.PathLike[str], null_metadata_ok: bool = False) -> Header:
+    """Open ``path`` and validate its header (FILE_UNREADABLE when it cannot be read).
+
+    ``null_metadata_ok``: read ``"__metadata__": null`` as no metadata, as the safetensors
+    library does, instead of METADATA_INVALID.  Only for sources in other ecosystems' formats
+    (``qformat convert``); a qformat reader keeps the strict rule (SPEC.md §2.3, check 8)."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            return parse_header(f, size)
+            return parse_header(f, size, null_metadata_ok)
     except OSError as e:
         raise error("FILE_UNREADABLE", f"cannot read {os.fspath(path)!r}: {e.strerror or e}") from None
 
@@ -217,37 +223,108 @@ def _alignment(dtype: str) -> int:
     return max(1, _dt.storage_bits(dtype) // 8)
 
 
-def write_file(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None) -> None:
-    """Write ``arrays`` (already in storage dtypes) and ``metadata`` atomically to ``path``.
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor to be written, known before its bytes exist: name, safetensors dtype, shape."""
 
-    The data goes to a temporary file in the destination folder, is flushed to disk, then
-    renamed over ``path``: an interrupted write leaves ``path`` as it was.
-    """
-    items = []
-    for name, a in arrays.items():
-        st = _dt.storage_name(a.dtype)
-        if st is None:
-            raise error("SAVE_INVALID", f"array dtype {a.dtype} has no safetensors dtype", tensor=name)
-        items.append((name, st, np.ascontiguousarray(a).reshape(a.shape)))  # keep 0-d arrays 0-d
-    # Widest dtype first, then by name: every tensor starts aligned to its own width.
-    items.sort(key=lambda t: (-_alignment(t[1]), t[0]))
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _dt.storage_bits(self.dtype) // 8
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """A file planned before any tensor body is produced: its header bytes (length prefix,
+    JSON, space padding) and the tensors in the order their bodies follow it."""
+
+    header: bytes
+    order: tuple[TensorSpec, ...]
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(t.nbytes for t in self.order)
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + self.data_bytes
+
+
+def plan_file(specs: Iterable[TensorSpec], metadata: Mapping[str, str] | None) -> FilePlan:
+    """Plan a file: order the tensors (widest dtype first, then by name, so every tensor starts
+    aligned to its own width) and build the header, all from names, dtypes and shapes."""
+    specs = list(specs)
+    seen: set[str] = set()
+    for t in specs:
+        if t.name in seen:
+            raise error("SAVE_INVALID", "a tensor name appears twice in one file", tensor=t.name)
+        seen.add(t.name)
+    order = sorted(specs, key=lambda t: (-_alignment(t.dtype), t.name))
     header: dict[str, Any] = {}
     if metadata:
         header["__metadata__"] = dict(metadata)
     off = 0
-    for name, st, a in items:
-        header[name] = {"dtype": st, "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
-        off += a.nbytes
+    for t in order:
+        n = t.nbytes
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [off, off + n]}
+        off += n
     hb = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     hb += b" " * (-len(hb) % 8)
+    return FilePlan(struct.pack("<Q", len(hb)) + hb, tuple(order))
+
+
+def write_planned(path: str | os.PathLike[str], plan: FilePlan, produce: Callable[[TensorSpec], np.ndarray],
+                  written: Callable[[TensorSpec], None] | None = None) -> None:
+    """Write a planned file atomically, producing each tensor body only when its turn comes.
+
+    ``produce(spec)`` returns the tensor's array (its storage dtype and shape must be the
+    planned ones, else SAVE_INVALID); it is written in bounded chunks and dropped before the
+    next one is produced.  ``written(spec)`` is called after each body (a producer reading a
+    memory map can release its pages there).  As :func:`write_file`, the data goes to a
+    temporary file beside ``path`` that replaces ``path`` only when everything was written.
+    """
     with atomic_write(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for _, _, a in items:
-            _write_array(f, a)
+        f.write(plan.header)
+        for t in plan.order:
+            a = checked_array(t, produce(t))
+            write_array(f, a)
+            del a
+            if written is not None:
+                written(t)
 
 
-def _write_array(f: BinaryIO, a: np.ndarray) -> None:
+def checked_array(t: TensorSpec, a: Any) -> np.ndarray:
+    """``a`` as an array, checked against its planned dtype and shape (SAVE_INVALID otherwise)."""
+    a = np.asarray(a)
+    st = _dt.storage_name(a.dtype)
+    if st is None:
+        raise error("SAVE_INVALID", f"array dtype {a.dtype} has no safetensors dtype", tensor=t.name)
+    if st != t.dtype or tuple(a.shape) != tuple(t.shape):
+        raise error("SAVE_INVALID", f"produced {st} {list(a.shape)}, planned {t.dtype} {list(t.shape)}", tensor=t.name)
+    return np.ascontiguousarray(a).reshape(a.shape)  # keep 0-d arrays 0-d
+
+
+def write_file(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None) -> None:
+    """Write ``arrays`` (already in storage dtypes) and ``metadata`` atomically to ``path``.
+
+    The data goes to a temporary file in the destination folder, is flushed to disk, then
+    renamed over ``path``: an interrupted write leaves ``path`` as it was.  (A thin wrapper
+    over :func:`plan_file` and :func:`write_planned`.)
+    """
+    specs = []
+    for name, a in arrays.items():
+        st = _dt.storage_name(a.dtype)
+        if st is None:
+            raise error("SAVE_INVALID", f"array dtype {a.dtype} has no safetensors dtype", tensor=name)
+        specs.append(TensorSpec(name, st, tuple(a.shape)))
+    write_planned(path, plan_file(specs, metadata), lambda t: arrays[t.name])
+
+
+def write_array(f: BinaryIO, a: np.ndarray) -> None:
+    """Write one tensor body, little-endian, in bounded chunks of at most 16 MB."""
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     flat = a.reshape(-1)

@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, NamedTuple
 
 import jsonschema
 
@@ -19,7 +19,6 @@ from . import tables
 from .elements import Element
 from .errors import QFormatError, error
 from .packing import Packing
-from .sources import Source
 
 LOGICAL_DTYPES = ("float32", "float16", "bfloat16")
 EXTENSION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+$")
@@ -28,16 +27,6 @@ KNOWN_EXTENSIONS: frozenset[str] = frozenset()
 #: The specification version this reader implements (major, minor): SPEC.md §3.4.
 READER_VERSION = (1, 1)
 
-# Which storage dtypes may carry which role.
-_CONTAINER_DTYPES = {
-    8: {"U8", "I8", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"},
-    16: {"U16", "I16", "F16", "BF16"},
-    32: {"U32", "I32", "F32"},
-}
-PARAM_DTYPES = {"F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "I8", "U8", "I16", "U16", "I32", "U32"}
-INT_PARAM_DTYPES = {"I8", "U8", "I16", "U16", "I32", "U32"}
-INDEX_DTYPES = {"I8", "U8", "I16", "U16", "I32", "U32", "I64"}
-TABLE_DTYPES = {"F32", "F16", "BF16"}
 
 
 # -- dataclasses ---------------------------------------------------------------------------
@@ -115,6 +104,23 @@ class Param:
         torch and jax.numpy: ``subtract`` for a zero point, else the parameter's ``op``."""
         return "subtract" if self.role == "zero" else str(self.op)
 
+    def stored_grid_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The parameter grid of a logical ``shape`` in the stored tensor's axis order
+        (``order[i]`` is the grid axis stored as axis ``i``; SPEC.md §9.1)."""
+        grid = self.blocks.grid_shape(shape)
+        return tuple(grid[a] for a in self.order) if self.order else grid
+
+    @property
+    def grid_axes(self) -> tuple[int, ...] | None:
+        """The transpose that takes the stored tensor (viewed in :meth:`stored_grid_shape`)
+        to grid axis order, or None when it is stored in grid order already."""
+        if not self.order:
+            return None
+        inverse = [0] * len(self.order)
+        for i, a in enumerate(self.order):
+            inverse[a] = i
+        return tuple(inverse)
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"blocks": self.blocks.to_dict()}
         if self.op is not None:
@@ -123,8 +129,7 @@ class Param:
             d["tensor"] = self.tensor
             if self.order is not None:
                 d["order"] = list(self.order)
-        else:
-            assert self.encoded is not None
+        elif self.encoded is not None:
             d["encoded"] = self.encoded.to_dict()
         return d
 
@@ -225,8 +230,7 @@ class Descriptor:
                 yield f"{p.role}.blocks.index.tensor", p.blocks.index.tensor
             if p.tensor is not None:
                 yield f"{p.role}.tensor", p.tensor
-            else:
-                assert p.encoded is not None
+            elif p.encoded is not None:
                 for path, name in p.encoded.references():
                     yield f"{p.role}.encoded.{path}", name
 
@@ -334,167 +338,23 @@ def schema_code(raw: Any) -> tuple[str, list[str]]:
 
 
 
-def _perm_ok(order: tuple[int, ...] | None, rank: int) -> bool:
-    return order is None or sorted(order) == list(range(rank))
+class CodesGeometry(NamedTuple):
+    """How a descriptor's codes are stored (SPEC.md §7.4): the logical shape in storage axis
+    order, the number of codes in one packed row, and the containers per row."""
+
+    stored_shape: tuple[int, ...]
+    row_length: int
+    words_per_row: int
 
 
-def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(s for s in shape if s != 1)
-
-
-def codes_shape(desc: Descriptor) -> tuple[tuple[int, ...], int, int]:
-    """(storage shape S', row length L, words per row W) of a descriptor's codes."""
+def codes_shape(desc: Descriptor) -> CodesGeometry:
+    """The :class:`CodesGeometry` of a descriptor's codes (a valid descriptor)."""
     p = desc.codes.packing
     order = p.order or tuple(range(len(desc.shape)))
     sshape = tuple(desc.shape[a] for a in order)
     bits = desc.codes.element.bits
     length = desc.numel if p.axis is None else sshape[p.axis]
-    return sshape, length, p.words_per_row(length, bits)
-
-
-def validate_descriptor(name: str, desc: Descriptor, src: Source, depth: int = 0, newer: bool = False,
-                        minor: int | None = None) -> list[QFormatError]:
-    """Every semantic problem of ``desc`` against the components in ``src``.
-
-    ``minor`` is the minor version the file declares (default: this reader's, or one above it
-    when ``newer``): a device layout is known only in files of the version that defines it or
-    later (SPEC.md §11).  Does not read payload bytes except small group-index checks are left
-    to :mod:`qformat.check`.
-    """
-    from . import layouts as _layouts
-
-    if minor is None:
-        minor = READER_VERSION[1] + (1 if newer else 0)
-    probs: list[QFormatError] = []
-    lim = tables.limits()
-
-    def add(code: str, field: str, msg: str) -> None:
-        probs.append(error(code, msg, tensor=name, field=field))
-
-    rank = len(desc.shape)
-    if rank > lim["max_rank"]:
-        add("SHAPE_INVALID", "shape", f"rank must be at most {lim['max_rank']}, found {rank}")
-        return probs
-    if desc.numel >= 1 << 64:
-        add("SHAPE_INVALID", "shape", f"the element count of shape {list(desc.shape)} reaches 2^64")
-        return probs
-    if desc.dtype not in LOGICAL_DTYPES:
-        add("DTYPE_INVALID", "dtype", f"expected one of {', '.join(LOGICAL_DTYPES)}, found {desc.dtype!r}")
-    probs.extend(extension_problems(desc.extensions, newer, "tensor", tensor=name))
-    probs.extend(_layouts.problems(desc, minor, READER_VERSION[1], depth, tensor=name))  # SPEC.md §11
-    if probs:
-        return probs
-
-    # codes
-    codes, el, p = desc.codes, desc.codes.element, desc.codes.packing
-    for m in el.problems():
-        add("ELEMENT_INVALID", "codes.element", m)
-    if el.type == "codebook":
-        if el.table is not None:
-            n = len(tables.codebooks()[el.table]["values_f32"])
-            if n > (1 << el.bits):
-                add("CODEBOOK_INVALID", "codes.element.table", f"table {el.table!r} has {n} entries, more than 2^{el.bits}")
-        else:
-            info = src.info(el.table_tensor or "")
-            if info is None:
-                add("COMPONENT_MISSING", "codes.element.table_tensor", f"no tensor named {el.table_tensor!r} in the file")
-            elif info.dtype not in TABLE_DTYPES:
-                add("CODEBOOK_INVALID", "codes.element.table_tensor", f"table dtype must be one of {sorted(TABLE_DTYPES)}, found {info.dtype}")
-            elif len(info.shape) != 1 or not 1 <= info.shape[0] <= (1 << el.bits):
-                add("CODEBOOK_INVALID", "codes.element.table_tensor", f"table must be 1-D with 1..{1 << el.bits} entries, found shape {list(info.shape)}")
-    for m in p.problems(el.bits):
-        add("PACKING_INVALID", "codes.packing", m)
-    if not _perm_ok(p.order, rank):
-        add("PACKING_INVALID", "codes.packing.order", f"expected a permutation of 0..{rank - 1}, found {list(p.order or ())}")
-    if p.axis is None:
-        pass
-    elif rank == 0:
-        add("PACKING_INVALID", "codes.packing.axis", "a rank-0 tensor must be packed with axis null")
-    elif p.axis >= rank:
-        add("PACKING_INVALID", "codes.packing.axis", f"expected a storage axis below {rank}, found {p.axis}")
-    if not probs:
-        info = src.info(codes.tensor)
-        if info is None:
-            add("COMPONENT_MISSING", "codes.tensor", f"no tensor named {codes.tensor!r} in the file")
-        else:
-            if info.dtype not in _CONTAINER_DTYPES[p.container]:
-                add("COMPONENT_DTYPE", "codes.tensor", f"a {p.container}-bit container needs one of {sorted(_CONTAINER_DTYPES[p.container])}, found {info.dtype}")
-            sshape, length, wpr = codes_shape(desc)
-            if desc.layout != "canonical":  # the device tensor's own shape replaces §7.4 (§11)
-                want_dev = _layouts.codes_component_shape(desc)
-                if info.shape != want_dev:
-                    add("COMPONENT_SHAPE", "codes.tensor", f"layout {desc.layout!r} stores the codes as {list(want_dev)}, found {list(info.shape)}")
-            elif p.axis is None:
-                if math.prod(info.shape) != wpr:
-                    add("COMPONENT_SHAPE", "codes.tensor", f"expected {wpr} containers in all for {desc.numel} codes of {el.bits} bits, found shape {list(info.shape)} ({math.prod(info.shape)})")
-            else:
-                want = sshape[: p.axis] + (wpr,) + sshape[p.axis + 1 :]
-                if info.shape != want:
-                    add("COMPONENT_SHAPE", "codes.tensor", f"expected shape {list(want)} ({wpr} containers per row of {length} {el.bits}-bit codes), found {list(info.shape)}")
-
-    # params
-    for prm in desc.params():
-        probs.extend(_validate_param(name, desc, prm, src, depth, newer, minor))
-    return probs
-
-
-def _validate_param(name: str, desc: Descriptor, prm: Param, src: Source, depth: int, newer: bool,
-                    minor: int | None = None) -> list[QFormatError]:
-    probs: list[QFormatError] = []
-    role = prm.role
-    rank = len(desc.shape)
-
-    def add(code: str, field: str, msg: str) -> None:
-        probs.append(error(code, msg, tensor=name, field=field))
-
-    b = prm.blocks
-    if b.type == "grid":
-        if len(b.size) != rank:  # type: ignore[arg-type]
-            add("BLOCKS_INVALID", f"{role}.blocks.size", f"expected {rank} entries (one per logical axis), found {len(b.size)}")  # type: ignore[arg-type]
-            return probs
-        if b.index is not None:
-            gi = b.index
-            if gi.axis >= rank:
-                add("BLOCKS_INVALID", f"{role}.blocks.index.axis", f"expected an axis below {rank}, found {gi.axis}")
-                return probs
-            if b.size[gi.axis] is not None:  # type: ignore[index]
-                add("BLOCKS_INVALID", f"{role}.blocks.size", f"the indexed axis {gi.axis} must have size null, found {b.size[gi.axis]}")  # type: ignore[index]
-            info = src.info(gi.tensor)
-            if info is None:
-                add("COMPONENT_MISSING", f"{role}.blocks.index.tensor", f"no tensor named {gi.tensor!r} in the file")
-            elif info.dtype not in INDEX_DTYPES:
-                add("COMPONENT_DTYPE", f"{role}.blocks.index.tensor", f"a group index needs an integer dtype, found {info.dtype}")
-            elif info.shape != (desc.shape[gi.axis],):
-                add("COMPONENT_SHAPE", f"{role}.blocks.index.tensor", f"expected shape [{desc.shape[gi.axis]}], found {list(info.shape)}")
-    if probs:
-        return probs
-    grid = b.grid_shape(desc.shape)
-    if prm.tensor is not None:
-        if not _perm_ok(prm.order, len(grid)):
-            add("BLOCKS_INVALID", f"{role}.order", f"expected a permutation of 0..{len(grid) - 1}, found {list(prm.order or ())}")
-            return probs
-        info = src.info(prm.tensor)
-        if info is None:
-            add("COMPONENT_MISSING", f"{role}.tensor", f"no tensor named {prm.tensor!r} in the file")
-            return probs
-        if info.dtype not in PARAM_DTYPES:
-            add("COMPONENT_DTYPE", f"{role}.tensor", f"a parameter needs one of {sorted(PARAM_DTYPES)}, found {info.dtype}")
-        stored = tuple(grid[a] for a in prm.order) if prm.order else grid
-        if _squeeze(info.shape) != _squeeze(stored) or math.prod(info.shape) != math.prod(stored):
-            add("COMPONENT_SHAPE", f"{role}.tensor", f"expected the parameter grid {list(stored)} (size-1 axes may be dropped or added), found {list(info.shape)}")
-        return probs
-    enc = prm.encoded
-    assert enc is not None
-    if depth + 1 > tables.limits()["max_nesting_depth"]:
-        add("DEPTH_EXCEEDED", f"{role}.encoded", f"nesting depth {depth + 1} exceeds the limit {tables.limits()['max_nesting_depth']}")
-        return probs
-    if enc.shape != grid:
-        add("SHAPE_INVALID", f"{role}.encoded.shape", f"an encoded parameter's shape must equal its grid {list(grid)}, found {list(enc.shape)}")
-        return probs
-    for p in validate_descriptor(name, enc, src, depth + 1, newer, minor):
-        p.field = f"{role}.encoded.{p.field}" if p.field else f"{role}.encoded"
-        probs.append(error(p.code, p.message, tensor=name, field=p.field))
-    return probs
+    return CodesGeometry(sshape, length, p.words_per_row(length, bits))
 
 
 def depth_of(d: Mapping[str, Any]) -> int:

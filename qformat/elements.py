@@ -121,7 +121,8 @@ def lut(element: Element, table: np.ndarray | None = None) -> tuple[np.ndarray, 
     if element.type == "float":
         return float_lut(element.format or ""), n
     values = tables.codebook_values(element.table) if element.table is not None else table
-    assert values is not None
+    if values is None:
+        raise ValueError("a codebook element with a table_tensor needs that tensor's values")
     values = np.asarray(values).astype(np.float32).reshape(-1)
     out = np.full(n, np.nan, np.float32)
     out[: len(values)] = values

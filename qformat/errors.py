@@ -68,3 +68,10 @@ def error(code: str, message: str, tensor: str | None = None, field: str | None 
     """Build the error of the right subclass for ``code``."""
     cls = _BY_CATEGORY[tables.errors()[code]["category"]]
     return cls(code, message, tensor=tensor, field=field)
+
+
+def raise_first(problems: "list[QFormatError]") -> None:
+    """Raise the first of ``problems``, if any: a reader stops at the first problem it finds
+    (SPEC.md's check order decides which one that is)."""
+    if problems:
+        raise problems[0]

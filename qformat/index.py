@@ -1,4 +1,6 @@
-"""Sharded checkpoints: the ``*.safetensors.index.json`` file (SPEC.md, "Sharded checkpoints")."""
+"""Sharded checkpoints' index file, ``*.safetensors.index.json`` (SPEC.md, "Sharded checkpoints"):
+parsing it and checking it against its shards.  Walking the shards is :mod:`qformat.checkpoint`'s.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from dataclasses import dataclass
 
 from . import tables
 from .container import Header, _Dup, strict_json
-from .errors import QFormatError, error
+from .errors import QFormatError, error, raise_first
 from .model import FileModel
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -27,8 +29,7 @@ class Index:
 def read_index(path: str | os.PathLike[str]) -> Index:
     """Parse and validate an index file (not its shards); raises INDEX_INVALID / FILE_UNREADABLE."""
     index, problems = scan_index(path)
-    if problems:
-        raise problems[0]
+    raise_first(problems)
     return index
 
 
@@ -56,7 +57,7 @@ def scan_index(path: str | os.PathLike[str]) -> tuple[Index, list[QFormatError]]
         raise error("INDEX_INVALID", f"the index is not valid JSON: {msg}"[:300]) from None
     wm = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
-        raise error("INDEX_INVALID", "expected an object 'weight_map' mapping tensor names to shard file names", field="weight_map")
+        raise error("INDEX_INVALID", f"{os.path.basename(path)!r} is not a sharded-checkpoint index: expected an object 'weight_map' mapping tensor names to shard file names (a .safetensors file or a *.safetensors.index.json is read; `qformat convert` reads other formats)", field="weight_map")
     folder = os.path.dirname(os.path.abspath(path))
     problems = []
     bad = set()
@@ -82,30 +83,6 @@ def mismatches(index: Index, shard: str, header: Header, model: FileModel) -> li
     return out
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> dict:
-    """Every tensor of a file or of a sharded checkpoint (given its index), decoded.
-
-    For an index, the index is validated against each shard (INDEX_INVALID, INDEX_MISMATCH)
-    and the shards' tensors are merged; a name found in two shards is INDEX_MISMATCH.
-    """
-    from .container import read_header
-    from .io import FileSource, load_file
-    from .model import interpret
-
-    path = os.fspath(path)
-    if not path.endswith(".json"):
-        return load_file(path)
-    index = read_index(path)
-    out: dict = {}
-    for shard in index.shards:
-        sp = os.path.join(index.folder, shard)
-        header = read_header(sp)
-        model = interpret(header, FileSource(sp, header))
-        probs = mismatches(index, shard, header, model)
-        if probs:
-            raise probs[0]
-        for name, arr in load_file(sp).items():
-            if name in out:
-                raise error("INDEX_MISMATCH", f"tensor {name!r} appears in more than one shard", tensor=name, field="weight_map")
-            out[name] = arr
-    return out
+def is_index(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` names an index (``*.json``) rather than a safetensors file."""
+    return os.fspath(path).endswith(".json")

@@ -13,10 +13,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import tables
+from . import layouts, tables
 from .container import Header, _Dup, strict_json
-from .descriptor import READER_VERSION, Descriptor, Extension, depth_of, extension_problems, schema_code, schema_messages, validate_descriptor
+from .descriptor import READER_VERSION, Descriptor, Extension, depth_of, extension_problems, schema_code, schema_messages
 from .errors import QFormatError, error
+from .validate import validate_descriptor
 from .sources import Source
 
 METADATA_KEY = "qformat"
@@ -48,9 +49,7 @@ class FileModel:
 def required_version(descriptors: Any) -> str:
     """The version a writer records for these descriptors (dicts or Descriptors): the lowest one
     whose features they use (SPEC.md §17.1), ``"1.0"`` unless a 1.1 feature appears."""
-    from .layouts import required_version as _rv
-
-    return _rv(descriptors.values() if isinstance(descriptors, dict) else descriptors)
+    return layouts.required_version(descriptors.values() if isinstance(descriptors, dict) else descriptors)
 
 
 def parse_version(v: Any) -> tuple[int, int] | QFormatError:
@@ -63,33 +62,17 @@ def parse_version(v: Any) -> tuple[int, int] | QFormatError:
 
 
 def interpret(header: Header, src: Source) -> FileModel:
-    """Build the qformat view of a file whose container is already valid."""
+    """Build the qformat view of a file whose container is already valid: the qformat object
+    is parsed and checked (file problems stop there), then each descriptor on its own (tensor
+    problems), then the component claims and name conflicts across descriptors."""
     m = FileModel()
-    meta = header.metadata or {}
-    text = meta.get(METADATA_KEY)
+    text = (header.metadata or {}).get(METADATA_KEY)
     if text is None:
         m.plain = sorted(header.entries)
         _plain_dtype_problems(m, header)
         return m
-    limit = tables.limits()["max_qformat_json_bytes"]
-    if len(text.encode("utf-8")) > limit:
-        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"the qformat metadata value is larger than {limit} bytes"))
-        return m
-    try:
-        obj, end = strict_json(text)
-        if text[end:].strip(" \t\n\r"):
-            raise ValueError("text follows the JSON object")
-    except _Dup as d:
-        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"key {d.key!r} appears twice in one object"))
-        return m
-    except (ValueError, RecursionError) as e:
-        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"the qformat metadata value is not JSON: {e}"[:300]))
-        return m
-    if not isinstance(obj, dict):
-        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"expected a JSON object, found {type(obj).__name__}"))
-        return m
-    if "version" not in obj:
-        m.file_problems.append(error("VERSION_MISSING", "the qformat object has no 'version'", field="version"))
+    obj = _qformat_object(text, m)
+    if obj is None:
         return m
     ver = parse_version(obj["version"])
     if isinstance(ver, QFormatError):
@@ -97,7 +80,52 @@ def interpret(header: Header, src: Source) -> FileModel:
         return m
     m.version = obj["version"]
     newer = ver[1] > READER_VERSION[1]
+    m.file_problems.extend(_top_level_problems(obj, newer))
+    if m.file_problems:
+        return m
+    claims: dict[str, list[str]] = {}
+    for name, raw in obj["tensors"].items():
+        m.raw[name] = raw
+        desc, probs = _interpret_descriptor(name, raw, src, newer, ver[1])
+        if desc is not None:
+            _claim(desc, name, claims)
+            if not probs:
+                m.descriptors[name] = desc
+        if probs:
+            m.tensor_problems[name] = probs
+    _claim_and_name_problems(m, claims, header)
+    m.plain = sorted(n for n in header.entries if n not in m.components and n not in m.raw)
+    _plain_dtype_problems(m, header)
+    return m
 
+
+def _qformat_object(text: str, m: FileModel) -> dict[str, Any] | None:
+    """The parsed qformat metadata object with a 'version', or None with a file problem."""
+    limit = tables.limits()["max_qformat_json_bytes"]
+    if len(text.encode("utf-8")) > limit:
+        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"the qformat metadata value is larger than {limit} bytes"))
+        return None
+    try:
+        obj, end = strict_json(text)
+        if text[end:].strip(" \t\n\r"):
+            raise ValueError("text follows the JSON object")
+    except _Dup as d:
+        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"key {d.key!r} appears twice in one object"))
+        return None
+    except (ValueError, RecursionError) as e:
+        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"the qformat metadata value is not JSON: {e}"[:300]))
+        return None
+    if not isinstance(obj, dict):
+        m.file_problems.append(error("QFORMAT_JSON_INVALID", f"expected a JSON object, found {type(obj).__name__}"))
+        return None
+    if "version" not in obj:
+        m.file_problems.append(error("VERSION_MISSING", "the qformat object has no 'version'", field="version"))
+        return None
+    return obj
+
+
+def _top_level_problems(obj: dict[str, Any], newer: bool) -> list[QFormatError]:
+    """Problems of the qformat object's own members (the descriptors are checked one by one)."""
     # A newer minor may add optional top-level members; anything a reader must understand
     # comes as an extension, so an older reader ignores members it does not know.
     known_top = tables.schema()["properties"]
@@ -105,48 +133,46 @@ def interpret(header: Header, src: Source) -> FileModel:
     msgs = schema_messages(top)
     if msgs or not isinstance(obj.get("tensors"), dict):
         code = "FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION"
-        m.file_problems.append(error(code, "; ".join(msgs) or "'tensors' must be an object"))
-        return m
+        return [error(code, "; ".join(msgs) or "'tensors' must be an object")]
     exts = [Extension.from_dict(e) for e in obj.get("extensions", [])]
-    m.file_problems.extend(extension_problems(exts, newer, "file"))
-    if m.file_problems:
-        return m
+    return extension_problems(exts, newer, "file")
 
-    claims: dict[str, list[str]] = {}
-    for name, raw in obj["tensors"].items():
-        m.raw[name] = raw
-        probs: list[QFormatError] = []
-        max_depth = tables.limits()["max_nesting_depth"]
-        deep = isinstance(raw, dict) and depth_of(raw) > max_depth
-        msgs = schema_messages(raw, "descriptor") if isinstance(raw, dict) and not deep else []
-        if name == "":
-            probs.append(error("SCHEMA_VIOLATION", "a logical tensor name must not be empty", tensor=name))
-        elif deep:
-            probs.append(error("DEPTH_EXCEEDED", f"encoded parameters nest {depth_of(raw)} deep, the limit is {max_depth}", tensor=name))
-        elif not isinstance(raw, dict):
-            probs.append(error("FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION", "a descriptor must be a JSON object", tensor=name))
-        elif msgs:
-            code = "FEATURE_UNSUPPORTED" if newer else schema_code(raw)[0]
-            probs.append(error(code, "; ".join(msgs[:5]), tensor=name))
-        else:
-            desc = Descriptor.from_dict(raw)
-            # A group index may serve several parameters of one tensor (GPTQ's scale and zero).
-            own = {}
-            for path, comp in desc.references():
-                is_index = path.endswith("blocks.index.tensor")
-                if comp in own and own[comp] and is_index:
-                    continue
-                own[comp] = is_index
-                claims.setdefault(comp, []).append(name)
-            probs.extend(validate_descriptor(name, desc, src, newer=newer, minor=ver[1]))
-            if not probs:
-                m.descriptors[name] = desc
-        if probs:
-            m.tensor_problems[name] = probs
 
+def _interpret_descriptor(name: str, raw: Any, src: Source, newer: bool, minor: int) -> tuple[Descriptor | None, list[QFormatError]]:
+    """(the descriptor when it is schema-valid, its problems) for one entry of ``tensors``."""
+    max_depth = tables.limits()["max_nesting_depth"]
+    deep = isinstance(raw, dict) and depth_of(raw) > max_depth
+    msgs = schema_messages(raw, "descriptor") if isinstance(raw, dict) and not deep else []
+    if name == "":
+        return None, [error("SCHEMA_VIOLATION", "a logical tensor name must not be empty", tensor=name)]
+    if deep:
+        return None, [error("DEPTH_EXCEEDED", f"encoded parameters nest {depth_of(raw)} deep, the limit is {max_depth}", tensor=name)]
+    if not isinstance(raw, dict):
+        return None, [error("FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION", "a descriptor must be a JSON object", tensor=name)]
+    if msgs:
+        code = "FEATURE_UNSUPPORTED" if newer else schema_code(raw)[0]
+        return None, [error(code, "; ".join(msgs[:5]), tensor=name)]
+    desc = Descriptor.from_dict(raw)
+    return desc, validate_descriptor(name, desc, src, newer=newer, minor=minor)
+
+
+def _claim(desc: Descriptor, name: str, claims: dict[str, list[str]]) -> None:
+    """Record which stored tensors ``name`` references.  A group index may serve several
+    parameters of one tensor (GPTQ's scale and zero), so it counts once per tensor."""
+    own: dict[str, bool] = {}
+    for path, comp in desc.references():
+        is_index = path.endswith("blocks.index.tensor")
+        if comp in own and own[comp] and is_index:
+            continue
+        own[comp] = is_index
+        claims.setdefault(comp, []).append(name)
+
+
+def _claim_and_name_problems(m: FileModel, claims: dict[str, list[str]], header: Header) -> None:
+    """COMPONENT_CLAIMED_TWICE and NAME_CONFLICT across descriptors; fills ``m.components``."""
     for comp, owners in claims.items():
         if len(owners) > 1:
-            for owner in sorted(set(owners))[:]:
+            for owner in sorted(set(owners)):
                 m.tensor_problems.setdefault(owner, []).append(
                     error("COMPONENT_CLAIMED_TWICE", f"component {comp!r} is referenced {len(owners)} times (by {sorted(owners)})", tensor=owner))
                 m.descriptors.pop(owner, None)
@@ -162,9 +188,6 @@ def interpret(header: Header, src: Source) -> FileModel:
             m.tensor_problems.setdefault(name, []).append(
                 error("NAME_CONFLICT", f"logical tensor {name!r} has the name of a component of {owner!r}", tensor=name))
             m.descriptors.pop(name, None)
-    m.plain = sorted(n for n in header.entries if n not in m.components and n not in m.raw)
-    _plain_dtype_problems(m, header)
-    return m
 
 
 def _plain_dtype_problems(m: FileModel, header: Header) -> None:

@@ -135,7 +135,10 @@ class Packing:
         return elements * bits // self.container
 
 
-def _slot_shifts(p: Packing, bits: int) -> np.ndarray:
+def slot_shifts(p: Packing, bits: int) -> np.ndarray:
+    """The right shift (uint32) that brings slot ``i`` of a container to bit 0, for each of the
+    container's slots in slot order (SPEC.md §7.2): ``i * bits`` for ``lsb_first``,
+    ``container - (i + 1) * bits`` for ``msb_first``.  Every reader unpacks with these."""
     n = p.slots_per_word(bits)
     s = np.arange(n, dtype=np.uint32)
     if p.bit_order == "lsb_first":
@@ -143,7 +146,8 @@ def _slot_shifts(p: Packing, bits: int) -> np.ndarray:
     return (p.container - (s + 1) * bits).astype(np.uint32)
 
 
-def _inverse(perm: tuple[int, ...]) -> np.ndarray:
+def inverse_permutation(perm: tuple[int, ...]) -> np.ndarray:
+    """``inv`` with ``inv[perm[i]] == i`` (int64): gathers slots back into element order."""
     return np.argsort(np.asarray(perm, dtype=np.int64))
 
 
@@ -158,17 +162,17 @@ def unpack_rows(words: np.ndarray, bits: int, p: Packing, length: int) -> np.nda
     mask = (1 << bits) - 1
     if p.uses_slots(bits):
         n = p.slots_per_word(bits)
-        shifts = _slot_shifts(p, bits)
+        shifts = slot_shifts(p, bits)
         if p.planes_span is None:
             w = -(-length // n)
             slots = (words[..., :w, None].astype(np.uint32) >> shifts) & mask  # [..., w, n]
             if p.slot_order is not None:
-                slots = slots[..., _inverse(p.slot_order)]
+                slots = slots[..., inverse_permutation(p.slot_order)]
             return slots.reshape(lead + (w * n,))[..., :length].astype(np.uint8)
         t = p.planes_span
         m = -(-t // n)
         full, rest = divmod(length, t)
-        inv = None if p.slot_order is None else _inverse(p.slot_order)
+        inv = None if p.slot_order is None else inverse_permutation(p.slot_order)
         parts = []
         if full:
             seg = words[..., : full * m].reshape(lead + (full, m))
@@ -227,7 +231,7 @@ def pack_rows(codes: np.ndarray, bits: int, p: Packing) -> np.ndarray:
     c = codes.astype(np.uint64)
     if p.uses_slots(bits):
         n = p.slots_per_word(bits)
-        shifts = _slot_shifts(p, bits).astype(np.uint64)
+        shifts = slot_shifts(p, bits).astype(np.uint64)
         if p.planes_span is None:
             w = -(-length // n)
             padded = np.zeros(lead + (w * n,), np.uint64)

@@ -17,6 +17,8 @@ class QTensor:
     ``descriptor`` is the JSON-serialisable descriptor (SPEC.md, "Descriptor"); the tensor names
     it references are keys of ``components``, whose values are NumPy arrays in their storage
     dtypes.  ``shape`` and ``dtype`` are the logical ones: what :meth:`dequantize` returns.
+    The component arrays are kept as given, never copied (memory maps and zero-stride views
+    stay what they are); the descriptor is copied.
     """
 
     __slots__ = ("_descriptor", "_components")
@@ -48,15 +50,15 @@ class QTensor:
 
     def dequantize(self) -> np.ndarray:
         """Decode to a NumPy array of the logical shape and dtype (bit-exact reference)."""
-        from .decode import decode_full
-        from .descriptor import parse_descriptor, validate_descriptor
+        from .decode import decode_full  # the decoder sits above this container class
+        from .descriptor import parse_descriptor
+        from .errors import raise_first
         from .sources import ArraySource
+        from .validate import validate_descriptor
 
         src = ArraySource(self._components)
         desc = parse_descriptor("<qtensor>", self._descriptor)
-        problems = validate_descriptor("<qtensor>", desc, src)
-        if problems:
-            raise problems[0]
+        raise_first(validate_descriptor("<qtensor>", desc, src))
         return decode_full(desc, src, tensor="<qtensor>")
 
     def renamed(self, fn: Callable[[str], str]) -> "QTensor":

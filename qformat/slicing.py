@@ -37,7 +37,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .decode import Region
+from .layouts import canonical_view
+from .regions import Region
 from .descriptor import Descriptor, Param, codes_shape
 from .errors import error
 from .packing import Packing
@@ -308,10 +309,7 @@ def slice_qtensor(desc: Descriptor, src: Source, region: Any) -> tuple[dict[str,
     reg = normalize_region(desc, region)
     if not is_aligned(desc, reg):
         raise error("SLICE_INVALID", "region is not block-aligned: " + describe_alignment(desc, reg))
-    if desc.layout != "canonical":  # the whole tensor, handed out in its canonical layout (§11.1)
-        from .layouts import canonical_view
-
-        desc, src = canonical_view(desc, src)
+    desc, src = canonical_view(desc, src)  # a device layout is handed out in its canonical layout (§11.1)
     out = _Out()
     sub = _slice(desc, src, reg, out)
     return sub, out.comps

@@ -11,12 +11,21 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 STAMP="$VENV/.qformat-installed-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
 if [ ! -f "$STAMP" ]; then
-  echo "[setup] installing qformat and its test oracles into $VENV" >&2
-  "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
-  "$VENV/bin/python" -m pip install --quiet "torch==2.13.0" >&2
-  "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test,torch,jax,oracles,demo]" >&2
+  # pip's and the build backend's output goes to a log, shown only when a step fails.
+  LOG="$VENV/install.log"
+  : > "$LOG"
+  step() {
+    echo "[setup] $1" >&2
+    shift
+    "$VENV/bin/python" -m pip install --quiet "$@" >>"$LOG" 2>&1 || { cat "$LOG" >&2; echo "[setup] failed; log: $LOG" >&2; exit 1; }
+  }
+  echo "[setup] installing qformat and its test oracles into $VENV (a few minutes; log: $LOG)" >&2
+  step "pip" --upgrade pip
+  step "torch 2.13.0 (CPU build)" "torch==2.13.0"
+  step "qformat (editable) with extras test, torch, jax, oracles, demo, plot" -e "$ROOT[test,torch,jax,oracles,demo,plot]"
   rm -f "$VENV"/.qformat-installed-*
   touch "$STAMP"
+  echo "[setup] done" >&2
 fi
 export PATH="$VENV/bin:$PATH"
 cd "$ROOT"

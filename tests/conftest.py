@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pytest
+
+import qformat
 
 from .filebuild import valid_file
 
@@ -27,3 +30,20 @@ def write_bytes(tmp_path: Path) -> Callable[..., Path]:
 def valid_path(write_bytes: Callable[..., Path]) -> Path:
     """A small valid qformat file (int4 tensor "w" [4, 8] plus a plain F32 tensor "b")."""
     return write_bytes(valid_file(), "valid.safetensors")
+
+
+@pytest.fixture(scope="module")
+def mixed_file(tmp_path_factory) -> Path:
+    """A file of three quantized tensors (int4 g32, nf4 with double quantization, nvfp4 in
+    bfloat16) and two plain ones (float32, int64): an MLP's worth of every kind."""
+    rng = np.random.default_rng(0)
+    tensors = {
+        "w1": qformat.quantize(rng.normal(size=(64, 96)).astype(np.float32), "int", bits=4, group_size=32),
+        "b1": rng.normal(size=64).astype(np.float32),
+        "w2": qformat.quantize(rng.normal(size=(16, 64)).astype(np.float32), "nf4", double_quant=True),
+        "w3": qformat.quantize(rng.normal(size=(16, 16)).astype(np.float32), "nvfp4", dtype="bfloat16"),
+        "steps": np.arange(3, dtype=np.int64),
+    }
+    path = tmp_path_factory.mktemp("mixed") / "mixed.safetensors"
+    qformat.save_file(tensors, path)
+    return path

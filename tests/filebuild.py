@@ -5,6 +5,10 @@ from dicts or raw text, tensor data from NumPy arrays or raw bytes, and codes ar
 :func:`qformat.packing.pack_rows` only.  So a test can produce exactly the bytes it means to,
 including bytes no correct writer would ever produce.
 
+The raw writer itself (:func:`raw_file`, :func:`build_file`, :func:`layout`, :func:`raw_tensor`,
+:data:`ST_DTYPE`) is conformance/build.py's, the one shared with the corpus generator (which must
+not import tests/); this module re-exports it and adds hand-written descriptors and small files.
+
 Typical use::
 
     desc, comps = int4_tensor("w")                       # a hand-written valid descriptor
@@ -14,83 +18,20 @@ Typical use::
 
 from __future__ import annotations
 
-import json
-import struct
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence
 
-import ml_dtypes
 import numpy as np
 
+from conformance.build import (  # noqa: F401  (the one raw safetensors writer, re-exported)
+    ST_DTYPE,
+    Tensorish,
+    build_file,
+    header_bytes,
+    layout,
+    raw_file,
+    raw_tensor,
+)
 from qformat.packing import Packing, pack_rows
-
-#: NumPy dtype -> safetensors dtype name (independent of qformat's own table).
-ST_DTYPE = {
-    np.dtype(np.bool_): "BOOL",
-    np.dtype(np.uint8): "U8",
-    np.dtype(np.int8): "I8",
-    np.dtype(np.uint16): "U16",
-    np.dtype(np.int16): "I16",
-    np.dtype(np.uint32): "U32",
-    np.dtype(np.int32): "I32",
-    np.dtype(np.uint64): "U64",
-    np.dtype(np.int64): "I64",
-    np.dtype(np.float16): "F16",
-    np.dtype(ml_dtypes.bfloat16): "BF16",
-    np.dtype(np.float32): "F32",
-    np.dtype(np.float64): "F64",
-    np.dtype(np.complex64): "C64",
-    np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3",
-    np.dtype(ml_dtypes.float8_e5m2): "F8_E5M2",
-    np.dtype(ml_dtypes.float8_e8m0fnu): "F8_E8M0",
-}
-
-#: A tensor to lay out: a NumPy array, or (safetensors dtype, shape, raw bytes) taken verbatim.
-Tensorish = Union[np.ndarray, "tuple[str, Sequence[int], bytes]"]
-
-
-def raw_tensor(t: Tensorish) -> tuple[str, list[int], bytes]:
-    """(dtype name, shape, little-endian bytes) of an array or a raw triple."""
-    if isinstance(t, tuple):
-        dt, shape, data = t
-        return dt, list(shape), bytes(data)
-    a = np.asarray(t)
-    name = ST_DTYPE[np.dtype(a.dtype).newbyteorder("=")]
-    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
-    return name, list(a.shape), a.tobytes()
-
-
-def layout(tensors: Mapping[str, Tensorish]) -> tuple[dict[str, Any], bytes]:
-    """Header entries with consecutive offsets (in the mapping's order) and the data buffer."""
-    header: dict[str, Any] = {}
-    chunks = []
-    off = 0
-    for name, t in tensors.items():
-        dt, shape, data = raw_tensor(t)
-        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
-        chunks.append(data)
-        off += len(data)
-    return header, b"".join(chunks)
-
-
-def header_bytes(header: Mapping[str, Any] | str | bytes, pad: bool = True) -> bytes:
-    """The header as bytes: dicts are dumped compactly; ``pad`` adds spaces to a multiple of 8."""
-    if isinstance(header, Mapping):
-        hb = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    elif isinstance(header, str):
-        hb = header.encode("utf-8")
-    else:
-        hb = bytes(header)
-    if pad:
-        hb += b" " * (-len(hb) % 8)
-    return hb
-
-
-def raw_file(header: Mapping[str, Any] | str | bytes, data: bytes = b"", *, pad: bool = True,
-             length: int | None = None) -> bytes:
-    """8-byte length prefix (``length`` overrides the true one) + header + data, verbatim."""
-    hb = header_bytes(header, pad)
-    n = len(hb) if length is None else length
-    return struct.pack("<Q", n) + hb + data
 
 
 def qformat_object(tensors: Mapping[str, Any], version: Any = "1.0", **extra: Any) -> dict[str, Any]:
@@ -98,32 +39,21 @@ def qformat_object(tensors: Mapping[str, Any], version: Any = "1.0", **extra: An
     return {"version": version, "tensors": dict(tensors), **extra}
 
 
-def build_file(tensors: Mapping[str, Tensorish], metadata: Mapping[str, str] | None = None,
-               qformat: Mapping[str, Any] | str | None = None, *, pad: bool = True) -> bytes:
-    """A complete file; ``qformat`` (object, or raw text) goes to __metadata__["qformat"]."""
-    entries, data = layout(tensors)
-    header: dict[str, Any] = {}
-    meta = dict(metadata or {})
-    if qformat is not None:
-        meta["qformat"] = qformat if isinstance(qformat, str) else json.dumps(qformat, separators=(",", ":"))
-    if meta:
-        header["__metadata__"] = meta
-    header.update(entries)
-    return raw_file(header, data, pad=pad)
-
-
 # -- hand-written valid descriptors ---------------------------------------------------------
 def packing(container: int = 8, bit_order: str = "lsb_first", axis: int | None = 1, **kw: Any) -> dict[str, Any]:
     return {"container": container, "bit_order": bit_order, "axis": axis, **kw}
 
 
-def pack(codes: np.ndarray, bits: int, pk: Mapping[str, Any]) -> np.ndarray:
-    """Pack a logical code grid along the packing's axis (no ``order``), as unsigned words."""
-    p = Packing.from_dict(pk)
+def pack(codes: np.ndarray, bits: int, pk: Mapping[str, Any] | Packing) -> np.ndarray:
+    """Canonical codes (logical order) -> the codes component, per SPEC.md: transposed by the
+    packing's ``order`` when it has one, packed along its axis (or flat), as unsigned words."""
+    p = pk if isinstance(pk, Packing) else Packing.from_dict(pk)
     codes = np.asarray(codes, np.uint8)
+    order = p.order or tuple(range(codes.ndim))
+    s = codes.transpose(order)
     if p.axis is None:
-        return pack_rows(codes.reshape(1, -1), bits, p).reshape(-1)
-    moved = np.moveaxis(codes, p.axis, -1)
+        return pack_rows(s.reshape(1, -1), bits, p).reshape(-1)
+    moved = np.moveaxis(s, p.axis, -1)
     return np.moveaxis(pack_rows(moved, bits, p), -1, p.axis)
 
 
@@ -182,6 +112,28 @@ def codebook_tensor(name: str = "c", n: int = 8, table_len: int = 10, bits: int 
     comps = {f"{name}.codes": pack(np.asarray(codes), bits, pk).astype(np.uint8),
              f"{name}.table": np.linspace(-1, 1, table_len).astype(np.float32)}
     return desc, comps
+
+
+def table_desc(values, dtype="float32", **params):
+    """A one-code-per-byte codebook tensor whose element values are ``values`` (F32 table)."""
+    n = len(values)
+    desc = {"shape": [n], "dtype": dtype,
+            "codes": {"tensor": "c", "element": {"type": "codebook", "bits": 8, "table_tensor": "t"},
+                      "packing": {"container": 8, "bit_order": "lsb_first", "axis": 0}}}
+    comps = {"c": np.arange(n, dtype=np.uint8), "t": np.asarray(values, np.float32)}
+    for role, (op, vals) in params.items():
+        vals = np.asarray(vals)
+        desc[role] = {"blocks": {"type": "grid", "size": [1 if vals.size == n else None]}, "tensor": role}
+        if op:
+            desc[role]["op"] = op
+        comps[role] = vals
+    return desc, comps
+
+
+def fma_desc():
+    """x*s + b with x = s = 1+2^-12, b = -(1+2^-11): 0 with two roundings, 2^-24 with an FMA."""
+    x = np.float32(1 + 2**-12)
+    return table_desc([x] * 16, scale=("multiply", np.float32([x])), bias=("add", np.float32([-(1 + 2**-11)])))
 
 
 def valid_file(extra_plain: bool = True, seed: int = 0) -> bytes:

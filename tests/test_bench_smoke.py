@@ -52,7 +52,7 @@ from qformat import decode as qdecode  # noqa: E402
 from qformat.descriptor import parse_descriptor  # noqa: E402
 from qformat.sources import ArraySource  # noqa: E402
 
-from .test_decode import same_bits  # noqa: E402
+from .backends import same_bits  # noqa: E402
 
 
 def test_bfloat16_integer_rounding_equals_ml_dtypes():

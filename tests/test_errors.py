@@ -851,7 +851,27 @@ def _gguf_unknown_type(tmp: Path, valid: Path) -> Path:
     return p
 
 
+def _plot_without_matplotlib(tmp: Path, valid: Path) -> Any:
+    """``qformat diff --plot`` where matplotlib cannot be imported (a None entry in
+    sys.modules makes ``import matplotlib`` raise ImportError)."""
+    import sys
+
+    from qformat.diff import diff_checkpoints, plot
+
+    saved = {m: sys.modules.pop(m) for m in list(sys.modules) if m == "matplotlib" or m.startswith("matplotlib.")}
+    sys.modules["matplotlib"] = None  # type: ignore[assignment]
+    try:
+        return plot(diff_checkpoints(valid, valid), tmp / "plot.png")
+    finally:
+        del sys.modules["matplotlib"]
+        sys.modules.update(saved)
+
+
 USAGE_CASES = [
+    U("QUANTIZE_SOURCE_QUANTIZED", "quantize-qformat-file", lambda tmp, v: qformat.quantize_checkpoint(v, tmp / "o.safetensors", scheme="nf4")),
+    U("QUANTIZE_RECIPE_INVALID", "rule-matches-nothing", lambda tmp, v: qformat.quantize_checkpoint(
+        _plain_file(tmp, v), tmp / "o.safetensors", recipe={"rules": [{"glob": "nope", "keep": True}]})),
+    U("DEPENDENCY_MISSING", "plot-without-matplotlib", _plot_without_matplotlib),
     U("CONVERT_FORMAT_UNKNOWN", "plain-safetensors", _convert(_plain_file)),
     U("CONVERT_FORMAT_UNKNOWN", "unknown-from", _convert(lambda tmp, v: v, from_format="no-such-format")),
     U("CONVERT_SOURCE_INVALID", "index-names-missing-shard", _convert(_index_missing_shard, dst="out")),
@@ -1417,7 +1437,7 @@ def previous(tmp_path: Path) -> tuple[Path, bytes]:
 def _interrupt_write_array(monkeypatch: pytest.MonkeyPatch, exc: BaseException, after: int) -> None:
     import qformat.container as container
 
-    real = container._write_array
+    real = container.write_array
     calls = {"n": 0}
 
     def write_array(f: Any, a: np.ndarray) -> None:
@@ -1427,7 +1447,7 @@ def _interrupt_write_array(monkeypatch: pytest.MonkeyPatch, exc: BaseException, 
             raise exc
         real(f, a)
 
-    monkeypatch.setattr(container, "_write_array", write_array)
+    monkeypatch.setattr(container, "write_array", write_array)
 
 
 FAILURES = [

@@ -11,25 +11,7 @@ from qformat.packing import Packing, pack_rows, unpack_rows
 
 from conformance.spec_reference import unpack_row
 
-
-@st.composite
-def packings(draw):
-    bits = draw(st.integers(1, 8))
-    container = draw(st.sampled_from([c for c in (8, 16, 32) if c >= bits]))
-    bit_order = draw(st.sampled_from(["lsb_first", "msb_first"]))
-    straddle = draw(st.booleans())
-    slots = container % bits == 0 or not straddle
-    n = container // bits
-    slot_order = None
-    planes = None
-    if slots:
-        if draw(st.booleans()):
-            slot_order = tuple(draw(st.permutations(range(n))))
-        if draw(st.booleans()):
-            planes = draw(st.integers(1, 40))
-    align = draw(st.sampled_from([1, 1, 2, 3]))
-    return bits, Packing(container, bit_order, 0, straddle=straddle, slot_order=slot_order,
-                         planes_span=planes, row_alignment=align)
+from .strategies import packings
 
 
 @settings(max_examples=400, deadline=None)

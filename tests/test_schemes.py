@@ -17,13 +17,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
+import qformat
+import qformat.schemes
 from qformat import QTensor, tables
 from qformat.errors import QFormatError
 from qformat.packing import Packing, unpack_rows
 from qformat.schemes import get, ids, quantize
+
+from .strategies import float_arrays
 
 CB16 = [-1.5, -1.0, -0.7, -0.45, -0.3, -0.2, -0.1, -0.03, 0.0, 0.05, 0.12, 0.25, 0.4, 0.6, 0.9, 1.25]
 
@@ -279,18 +281,10 @@ def _check_bound(cfg: str, x: np.ndarray) -> None:
         pytest.fail(f"{cfg}: error {err[i]!r} > bound {bound[i]!r} at {i} (x={x64[i]!r}, decoded={d[i]!r})")
 
 
-@st.composite
-def _arrays(draw: st.DrawFn, top: float) -> np.ndarray:
-    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=40))
-    top = float(np.float32(top))  # exactly representable bounds
-    elements = st.floats(-top, top, width=32, allow_nan=False, allow_infinity=False)
-    return draw(hnp.arrays(np.float32, shape, elements=elements))
-
-
 @pytest.mark.parametrize("cfg", list(CONFIGS))
 def test_error_bound(cfg: str) -> None:
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(_arrays(CONFIGS[cfg][2]))
+    @given(float_arrays(CONFIGS[cfg][2]))
     def check(x: np.ndarray) -> None:
         _check_bound(cfg, x)
 
@@ -541,3 +535,41 @@ def test_fp8_bytes_match_ml_dtypes() -> None:
         y = x.astype(np.float64) / s
         want = np.clip(y, -fmax, fmax).astype(dt)
         assert np.array_equal(qt.components["codes"].view(np.uint8), want.view(np.uint8))
+
+
+# -- planners: every registered scheme says what it writes without encoding ---------------------
+_PLAN_PARAMS = {
+    "int": [{}, {"bits": 3, "group_size": 16}, {"bits": 8, "group_size": None}, {"symmetric": False, "scale_dtype": "bfloat16"},
+            {"bits": 5, "axis": 0, "group_size": 7}],
+    "nf4": [{}, {"block_size": 48, "double_quant": True}, {"block_size": 300, "double_quant": True}],
+    "fp8_e4m3": [{}, {"granularity": "tensor"}, {"granularity": "block", "block_size": [4, 8]}],
+    "fp8_e5m2": [{}, {"granularity": "block", "block_size": 16}],
+    "codebook": [{"values": [-1.0, 0.0, 0.5, 1.0]}, {"values": list(range(5)), "block_size": None}],
+}
+
+
+@pytest.mark.parametrize("scheme", qformat.schemes.ids())
+@pytest.mark.parametrize("shape", [(37,), (3, 37), (2, 5, 33), (64, 128)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_plan_equals_what_the_encoder_writes(scheme, shape, dtype):
+    """The planner registered with each encoder (used to plan whole-checkpoint headers before
+    encoding) gives exactly the encoder's descriptor and component dtypes and shapes."""
+    from qformat.dtypes import storage_name
+
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    for params in _PLAN_PARAMS.get(scheme, [{}]):
+        if scheme == "fp8_e4m3" and params.get("granularity") == "block" and len(shape) < 2:
+            continue
+        q = qformat.quantize(x, scheme, dtype=dtype, **params)
+        desc, comps = qformat.schemes.plan(shape, scheme, dtype, **params)
+        assert desc == q.descriptor, (scheme, params)
+        assert comps == {k: (storage_name(a.dtype), tuple(a.shape)) for k, a in q.components.items()}, (scheme, params)
+
+
+def test_plan_refuses_what_quantize_refuses():
+    for scheme, params in [("no_such", {}), ("int", {"nope": 1}), ("int", {"bits": 99}), ("nf4", {"block_size": 0})]:
+        with pytest.raises(qformat.QFormatError) as a:
+            qformat.quantize(np.ones((4, 64), np.float32), scheme, **params)
+        with pytest.raises(qformat.QFormatError) as b:
+            qformat.schemes.plan((4, 64), scheme, "float32", **params)
+        assert a.value.code == b.value.code, (scheme, params)

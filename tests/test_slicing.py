@@ -1,6 +1,6 @@
 """Block-aligned slicing (qformat/slicing.py) over random descriptors.
 
-For random boxes of random tensors (tests.test_decode.descriptors: every element, packing,
+For random boxes of random tensors (tests/strategies.py descriptors(): every element, packing,
 block and nesting feature): the aligned box contains the box, is aligned, and is the smallest
 such box; the standalone slice decodes to the full decode restricted to the aligned box, bit for
 bit; and the bytes it reads from the memory-mapped file are exactly the ones an independent,
@@ -21,7 +21,8 @@ from conformance import spec_reference as ref
 from qformat.errors import QFormatError
 from qformat.slicing import RecordingSource, aligned_region, axis_periods, is_aligned, slice_qtensor
 
-from .test_decode import descriptors, same_bits
+from .backends import same_bits
+from .strategies import descriptors
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 
@@ -118,9 +119,9 @@ def test_aligned_slices_decode_and_read_only_their_bytes(tmp_path_factory, case,
     path = tmp_path_factory.mktemp("sl") / "t.safetensors"
     qformat.save_file({"t": qt}, path)
     with qformat.safe_open(path) as f:
-        D = f._descriptor("t")
+        D = f.validated_descriptor("t")
         raw = f.descriptor("t")
-        file_comps = {name: f._src.array(name) for _, name in D.references()}
+        file_comps = {name: f.source.array(name) for _, name in D.references()}
         entries = {name: f.header.entries[name] for name in file_comps}
         start = f.header.data_start
         shape = D.shape
@@ -135,7 +136,7 @@ def test_aligned_slices_decode_and_read_only_their_bytes(tmp_path_factory, case,
                     assert not is_aligned(D, A[:a] + ((p, a_hi),) + A[a + 1 :])
                 for p in range(hi, a_hi):
                     assert not is_aligned(D, A[:a] + ((a_lo, p),) + A[a + 1 :])
-            rec = RecordingSource(f._src)
+            rec = RecordingSource(f.source)
             sub, sub_comps = slice_qtensor(D, rec, A)
             assert tuple(sub["shape"]) == tuple(hi - lo for lo, hi in A)
             part = qformat.QTensor(sub, sub_comps).dequantize()
@@ -173,7 +174,7 @@ def test_get_qtensor_slice(tmp_path, scheme):
     path, qt = _file(tmp_path, scheme)
     full = qt.dequantize()
     with qformat.safe_open(path) as f:
-        D = f._descriptor("w")
+        D = f.validated_descriptor("w")
         per = axis_periods(D)
         A = aligned_region(D, ((8, 40), (64, 192)))
         q = f.get_slice("w").qtensor(tuple(slice(lo, hi) for lo, hi in A))
@@ -194,4 +195,4 @@ def test_get_qtensor_slice(tmp_path, scheme):
 
 def test_periods_of_common_schemes(tmp_path):
     # int4 g32 packs two codes per byte along K: rows cut anywhere, K at multiples of 32.
-    assert axis_periods(qformat.safe_open(_file(tmp_path, "int")[0])._descriptor("w")) == (1, 32)
+    assert axis_periods(qformat.safe_open(_file(tmp_path, "int")[0]).validated_descriptor("w")) == (1, 32)

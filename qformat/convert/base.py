@@ -11,16 +11,18 @@ result (in place, or repacked into qformat's canonical layout) is the job of
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, MutableMapping
 
 import numpy as np
 
-from ..container import Header, read_header, strict_json
+from ..container import Header, TensorSpec, read_header, strict_json
 from ..errors import QFormatError, error
-from ..io import FileSource
+from ..sources import FileSource
 from ..model import METADATA_KEY
+from ..pipeline import Component
 from ..sources import TensorInfo
 
 #: Side files (config.json, quanto_qmap.json, index files) larger than this are refused.
@@ -112,12 +114,14 @@ class Checkpoint:
             raise error("FILE_UNREADABLE", f"{self.path} does not exist")
         self._headers: dict[str, Header] = {}
         self._sources: dict[str, FileSource] = {}
+        self._maps: list[mmap.mmap] = []  # other memory maps of the source (GGUF), see release()
         self._where: dict[str, str] = {}
         self._config: Any = None
         self._config_read = False
         if self.kind == "safetensors":
             for f in self.files:
-                h = read_header(os.path.join(self.folder, f))
+                # other ecosystems' files: null metadata is what the safetensors library reads
+                h = read_header(os.path.join(self.folder, f), null_metadata_ok=True)
                 self._headers[f] = h
                 for name in h.entries:
                     if name in self._where:
@@ -174,6 +178,24 @@ class Checkpoint:
             src = self._sources[f] = FileSource(os.path.join(self.folder, f), self._headers[f])
         return src.array(name)
 
+    def component(self, name: str) -> Component:
+        """The stored tensor as a pipeline component (spec now, memory-mapped array when produced)."""
+        i = self.info(name)
+        if i is None:
+            raise source_error(f"tensor {name!r} is not in the checkpoint", tensor=name)
+        return Component(TensorSpec(name, i.dtype, tuple(i.shape)), lambda: self.array(name))
+
+    def track(self, mm: mmap.mmap) -> None:
+        """Have :meth:`release` drop the resident pages of another memory map of the source."""
+        self._maps.append(mm)
+
+    def release(self) -> None:
+        """Drop the resident pages of every memory map of the source (they are read again from
+        the page cache or disk when touched): reading a checkpoint tensor by tensor then keeps
+        the process's resident memory bounded instead of growing to the checkpoint's size."""
+        for mm in [getattr(s, "_mm", None) for s in self._sources.values()] + self._maps:
+            drop_pages(mm)
+
     def metadata(self, file: str) -> dict[str, str]:
         return dict(self._headers[file].metadata or {})
 
@@ -217,12 +239,65 @@ class Checkpoint:
         return any(METADATA_KEY in (h.metadata or {}) for h in self._headers.values())
 
 
+def drop_pages(mm: mmap.mmap | None) -> None:
+    """``madvise(MADV_DONTNEED)`` over a read-only file map (a no-op where unsupported)."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if mm is None or advice is None or getattr(mm, "closed", False):
+        return
+    try:
+        mm.madvise(advice)
+    except (OSError, ValueError):
+        pass
+
+
 def _is_gguf(path: str) -> bool:
     try:
         with open(path, "rb") as f:
             return f.read(4) == b"GGUF"
     except OSError:
         return False
+
+
+class LazyArrays(MutableMapping[str, np.ndarray]):
+    """Arrays by name, each kept as a :class:`~qformat.pipeline.Component`: its dtype and shape
+    are known at once (:meth:`info`), its values are produced only when read (``[name]``).
+    Assigning an array stores it as it is; assigning a Component stores the producer."""
+
+    def __init__(self) -> None:
+        self._c: dict[str, Component] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._c[name].produce()
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._c[name] = value if isinstance(value, Component) else Component.of_array(name, value)
+
+    def __delitem__(self, name: str) -> None:
+        del self._c[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._c)
+
+    def __len__(self) -> int:
+        return len(self._c)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._c
+
+    def component(self, name: str) -> Component:
+        return self._c[name]
+
+    def get_component(self, name: str) -> Component | None:
+        return self._c.get(name)
+
+    def info(self, name: str) -> TensorInfo | None:
+        c = self._c.get(name)
+        return None if c is None else c.info
+
+
+def lazy(dtype: str, shape: Iterable[int], produce: Callable[[], np.ndarray]) -> Component:
+    """A component to add to :class:`Described` without computing it now (the name is set on add)."""
+    return Component(TensorSpec("", dtype, tuple(int(s) for s in shape)), produce)
 
 
 @dataclass
@@ -234,20 +309,34 @@ class Described:
     ``dropped`` lists source tensors the output leaves out (for example a bitsandbytes
     quant_state blob once folded into a descriptor is kept, so this is usually empty).
     ``metadata`` is merged into every output file's ``__metadata__``.
+
+    ``added`` and ``plain`` are :class:`LazyArrays`: a converter adds an array it already has,
+    or a :func:`lazy` component (dtype, shape, producer), so the writer plans every header from
+    specs and produces each added tensor only when it writes it, one at a time (GGUF's
+    components are made per tensor at write time, never all up front).  Descriptors are JSON
+    and small; every file's header needs all of them before its first tensor body anyway.
     """
 
     descriptors: dict[str, dict[str, Any]] = field(default_factory=dict)
-    added: dict[str, np.ndarray] = field(default_factory=dict)
+    added: LazyArrays = field(default_factory=LazyArrays)
     dropped: set[str] = field(default_factory=set)
     metadata: dict[str, str] = field(default_factory=dict)
     #: For sources without safetensors files (GGUF): the only output file's tensors in order.
-    plain: dict[str, np.ndarray] = field(default_factory=dict)
+    plain: LazyArrays = field(default_factory=LazyArrays)
 
-    def add(self, name: str, array: np.ndarray) -> str:
+    def add(self, name: str, array: Any) -> str:
+        """Add a tensor (an array, or a :func:`lazy` component) under ``name``; returns ``name``."""
         if name in self.added:
             raise KeyError(f"tensor {name!r} added twice")
-        self.added[name] = np.asarray(array)
+        if isinstance(array, Component):
+            self.added[name] = Component(TensorSpec(name, array.spec.dtype, array.spec.shape), array.produce)
+        else:
+            self.added[name] = np.asarray(array)
         return name
+
+    def tensors(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The described logical tensors one by one: (name, descriptor JSON)."""
+        yield from self.descriptors.items()
 
 
 class Converter:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .. import tables
-from .base import Checkpoint, Converter, Described, parse_json_text, source_error, unsupported
+from .base import Checkpoint, Converter, Described, lazy, parse_json_text, source_error, unsupported
 
 #: The JSON blob's tensor suffix, per quant_type.
 BLOB = ".quant_state.bitsandbytes__"
@@ -180,9 +180,12 @@ class BitsAndBytes(Converter):
             # bitsandbytes pads an odd tail with the code of 0.0 (nf4: 7), but SPEC §7.10 wants zero
             # padding, so the stored bytes cannot be the codes: add them with the padding cleared.
             # The logical name stays the runtime's, so the source tensor of that name must go.
-            b = np.array(ck.array(w)).reshape(-1).view(np.uint8).copy()
-            b[-1] &= 0xF0
-            codes_name = out.add(f"{w}.qformat_codes", b)
+            def cleared(w: str = w) -> np.ndarray:
+                b = np.array(ck.array(w)).reshape(-1).view(np.uint8).copy()
+                b[-1] &= 0xF0
+                return b
+
+            codes_name = out.add(f"{w}.qformat_codes", lazy("U8", (nbytes,), cleared))  # made when written
             packing = {"container": 8, "bit_order": "msb_first", "axis": None}
             out.dropped.add(w)
         desc: dict[str, Any] = {

@@ -43,13 +43,16 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import ml_dtypes
 import numpy as np
 
-from ..schemes._common import codes_entry, pack
-from .base import Checkpoint, Converter, Described, source_error, unsupported
+from .. import dtypes as _dt
+from ..packing import Packing
+from ..pipeline import Component
+from ..schemes._common import codes_entry, pack, packing
+from .base import Checkpoint, Converter, Described, lazy, source_error, unsupported
 from .gguf_file import GGML_TYPES, KV, GGUFFile, TensorInfo
 
 #: A metadata value whose JSON is longer than this is moved into a ``gguf.kv.<key>`` tensor.
@@ -175,13 +178,15 @@ class GGUF(Converter):
         if ck.kind != "gguf":
             raise source_error(f"{ck.path} is not a GGUF file (it is read as {ck.kind})")
         f = GGUFFile(os.path.join(ck.folder, ck.files[0]))
+        ck.track(f._mm)  # the writer's release() drops the pages each tensor touched
         out = Described()
         for t in f.tensors.values():
             if t.ggml_type in PLAIN:
-                out.plain[t.name] = f.raw(t.name).view(PLAIN[t.ggml_type]).reshape(t.shape)
+                out.plain[t.name] = _lazy(PLAIN[t.ggml_type], t.shape, lambda t=t: f.raw(t.name).view(PLAIN[t.ggml_type]).reshape(t.shape))
             elif t.ggml_type in TYPES:
                 try:
-                    _describe(out, t, f.raw(t.name))
+                    _describe(out, t, lambda t=t: f.raw(t.name))
+                    ck.release()
                 except KeyError as e:  # Described.add: a component name made twice
                     raise unsupported(f"component name {e.args[0]} is made twice (tensor names of the file collide with <name>.codes, <name>.scale, ...)", tensor=t.name) from None
             else:
@@ -203,42 +208,66 @@ def _grid(rank: int, size: int) -> dict[str, Any]:
     return {"type": "grid", "size": [1] * (rank - 1) + [size]}
 
 
-def _describe(out: Described, t: TensorInfo, raw: np.ndarray) -> None:
-    """Add the descriptor and components of one quantized tensor to ``out``."""
+def _lazy(dtype: Any, shape: Any, produce: Callable[[], np.ndarray]) -> Component:
+    """A component of NumPy dtype ``dtype`` and ``shape``, made by ``produce`` when written."""
+    st = _dt.storage_name(np.dtype(dtype))
+    assert st is not None
+    return lazy(st, tuple(shape), produce)
+
+
+def _packed(shape: Any, bits: int, codes: Callable[[], np.ndarray]) -> Component:
+    """The canonical packing of ``codes()`` (of ``shape``), made when written."""
+    shape = tuple(shape)
+    words = Packing.from_dict(packing(len(shape))).words_per_row(shape[-1], bits)
+    return lazy("U8", shape[:-1] + (words,), lambda: pack(codes(), bits))
+
+
+def _describe(out: Described, t: TensorInfo, raw: Callable[[], np.ndarray]) -> None:
+    """Add the descriptor and components of one quantized tensor to ``out``.
+
+    The descriptor is made now (reading only what it depends on: whether the block scales are
+    finite, whether an MXFP4 exponent is 255); every component is produced from the block
+    bytes (``raw()``, a memory map) only when the writer writes it.
+    """
     spec = TYPES[t.ggml_type]
     name, shape, r = t.name, tuple(t.shape), len(t.shape)
     lead, K = shape[:-1], shape[-1]
-    blocks = raw.reshape(-1, spec.size)
 
-    def f16(off: int) -> np.ndarray:
-        return np.ascontiguousarray(blocks[:, off : off + 2]).view("<f2").reshape(lead + (K // spec.block,))
+    def blocks() -> np.ndarray:
+        return raw().reshape(-1, spec.size)
 
-    codes = spec.codes.extract(blocks).reshape(shape)
+    def f16(off: int) -> Callable[[], np.ndarray]:
+        return lambda: np.ascontiguousarray(blocks()[:, off : off + 2]).view("<f2").reshape(lead + (K // spec.block,))
+
+    def codes() -> np.ndarray:
+        return spec.codes.extract(blocks()).reshape(shape)
+
     desc: dict[str, Any] = {"shape": list(shape), "dtype": "float32", "scheme": "gguf_" + spec.name.lower()}
-    params: list[np.ndarray] = []
+    params: list[Callable[[], np.ndarray]] = []
     if spec.name == "MXFP4":
-        _mxfp4(out, name, desc, codes, blocks[:, spec.d].reshape(lead + (K // 32,)), r)
+        _mxfp4(out, name, desc, codes, lambda: blocks()[:, spec.d].reshape(lead + (K // 32,)), lead + (K // 32,), r)
         out.descriptors[name] = desc
         return
-    desc["codes"] = codes_entry(out.add(name + ".codes", pack(codes, spec.codes.bits)), spec.codes.element(), r)
+    desc["codes"] = codes_entry(out.add(name + ".codes", _packed(shape, spec.codes.bits, codes)), spec.codes.element(), r)
     d = f16(spec.d)
     params.append(d)
+    pshape = lead + (K // spec.block,)
     if spec.sub is None:
-        desc["scale"] = {"blocks": _grid(r, spec.block), "op": "multiply", "tensor": out.add(name + ".scale", d)}
+        desc["scale"] = {"blocks": _grid(r, spec.block), "op": "multiply", "tensor": out.add(name + ".scale", _lazy("<f2", pshape, d))}
         if spec.m is not None:
             m = f16(spec.m)
             params.append(m)
-            desc["bias"] = {"blocks": _grid(r, spec.block), "op": "add", "tensor": out.add(name + ".bias", m)}
+            desc["bias"] = {"blocks": _grid(r, spec.block), "op": "add", "tensor": out.add(name + ".bias", _lazy("<f2", pshape, m))}
     else:
         assert spec.sc is not None
         nested_shape = list(lead) + [K // spec.sub]
         per = spec.block // spec.sub
 
-        def nested(role: str, field: Any, sup: np.ndarray) -> dict[str, Any]:
-            c = field.extract(blocks).reshape(nested_shape)
+        def nested(role: str, field: Any, sup: Callable[[], np.ndarray]) -> dict[str, Any]:
+            c = _packed(nested_shape, field.bits, lambda: field.extract(blocks()).reshape(nested_shape))
             return {"shape": nested_shape, "dtype": "float32",
-                    "codes": codes_entry(out.add(f"{name}.{role}.codes", pack(c, field.bits)), field.element(), r),
-                    "scale": {"blocks": _grid(r, per), "op": "multiply", "tensor": out.add(f"{name}.{role}.scale", sup)}}
+                    "codes": codes_entry(out.add(f"{name}.{role}.codes", c), field.element(), r),
+                    "scale": {"blocks": _grid(r, per), "op": "multiply", "tensor": out.add(f"{name}.{role}.scale", _lazy("<f2", pshape, sup))}}
 
         desc["scale"] = {"blocks": _grid(r, spec.sub), "op": "multiply", "encoded": nested("scale", spec.sc, d)}
         if spec.mins is not None:
@@ -246,7 +275,7 @@ def _describe(out: Described, t: TensorInfo, raw: np.ndarray) -> None:
             dmin = f16(spec.dmin)
             params.append(dmin)
             desc["bias"] = {"blocks": _grid(r, spec.sub), "op": "subtract", "encoded": nested("bias", spec.mins, dmin)}
-    if not all(bool(np.isfinite(p).all()) for p in params):
+    if not all(bool(np.isfinite(p()).all()) for p in params):
         # gguf-py decodes non-finite scales as IEEE arithmetic says; so does qformat, and the flag
         # keeps `qformat check` from reporting what the source itself holds.
         desc["allow_nonfinite_params"] = True
@@ -256,7 +285,8 @@ def _describe(out: Described, t: TensorInfo, raw: np.ndarray) -> None:
     out.descriptors[name] = desc
 
 
-def _mxfp4(out: Described, name: str, desc: dict[str, Any], codes: np.ndarray, e: np.ndarray, r: int) -> None:
+def _mxfp4(out: Described, name: str, desc: dict[str, Any], codes: Callable[[], np.ndarray], e: Callable[[], np.ndarray],
+           eshape: tuple[int, ...], r: int) -> None:
     """MXFP4: E2M1 codes (gguf-py's code 8 is +0, so an in-file codebook) times 2^(e-127).
 
     With every exponent byte below 255 the scale is the plain ``F8_E8M0`` tensor of exponents
@@ -265,20 +295,22 @@ def _mxfp4(out: Described, name: str, desc: dict[str, Any], codes: np.ndarray, e
     there), so such a tensor uses gguf-py's doubled values and a nested 8-bit codebook whose
     256-entry table is ggml's ``e8m0_to_fp32_half``.
     """
-    packed = out.add(name + ".codes", pack(codes, 4))
+    shape = tuple(desc["shape"])
+    packed = out.add(name + ".codes", _packed(shape, 4, codes))
     blocks = _grid(r, 32)
-    if not (e == 255).any():
+    if not (e() == 255).any():
         table = _MXFP4_DOUBLED * np.float32(0.5)  # exact halving; code 8 stays +0.0
         element = {"type": "codebook", "bits": 4, "table_tensor": out.add(name + ".table", table)}
         desc["codes"] = codes_entry(packed, element, r)
         desc["scale"] = {"blocks": blocks, "op": "multiply",
-                         "tensor": out.add(name + ".scale", np.ascontiguousarray(e).view(ml_dtypes.float8_e8m0fnu))}
+                         "tensor": out.add(name + ".scale", _lazy(ml_dtypes.float8_e8m0fnu, eshape,
+                                                                 lambda: np.ascontiguousarray(e()).view(ml_dtypes.float8_e8m0fnu)))}
         return
     element = {"type": "codebook", "bits": 4, "table_tensor": out.add(name + ".table", _MXFP4_DOUBLED.copy())}
     desc["codes"] = codes_entry(packed, element, r)
     half = {"type": "codebook", "bits": 8, "table_tensor": out.add(name + ".scale.table", e8m0_half(np.arange(256)))}
     desc["scale"] = {"blocks": blocks, "op": "multiply", "encoded": {
-        "shape": list(e.shape), "dtype": "float32", "codes": codes_entry(out.add(name + ".scale.codes", pack(e, 8)), half, r)}}
+        "shape": list(eshape), "dtype": "float32", "codes": codes_entry(out.add(name + ".scale.codes", _packed(eshape, 8, e)), half, r)}}
 
 
 # -- metadata ------------------------------------------------------------------------------------

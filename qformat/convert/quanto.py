@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from ..schemes._common import codes_entry, pack
-from .base import Checkpoint, Converter, Described, source_error, unsupported
+from ..packing import Packing
+from ..schemes._common import codes_entry, pack, packing
+from .base import Checkpoint, Converter, Described, lazy, source_error, unsupported
 
 QMAP = "quanto_qmap.json"
 
@@ -171,8 +172,11 @@ class Quanto(Converter):
             else:
                 # Plane s is R*width bytes long but the last one is partly empty: no single planes
                 # span describes that over the flattened [N, K] weight, so add canonical codes.
-                q = unpack_planes(ck.array(data_n), bits, rows).reshape(shape)
-                name = out.add(f"{prefix}.qformat_codes", pack(q, bits))
+                def codes_of(data_n: str = data_n, shape: list[int] = shape) -> np.ndarray:
+                    return pack(unpack_planes(ck.array(data_n), bits, rows).reshape(shape), bits)
+
+                words = Packing.from_dict(packing(len(shape))).words_per_row(shape[-1], bits)
+                name = out.add(f"{prefix}.qformat_codes", lazy("U8", tuple(shape[:-1]) + (words,), codes_of))  # made when written
                 codes = codes_entry(name, element, len(shape))
         desc: dict[str, Any] = {"shape": shape, "dtype": _FLOAT[scale.dtype], "codes": codes,
                                 "scale": {"blocks": blocks, "op": "multiply", "tensor": scale_n}}

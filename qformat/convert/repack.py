@@ -12,42 +12,102 @@ is unchanged: only where the bits sit changes.  Component names become
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from ..container import TensorSpec
 from ..decode import full_region, read_codes
 from ..descriptor import Descriptor, Param
 from ..errors import error
-from ..schemes._common import codes_entry, pack
-from ..sources import Source
+from ..packing import Packing
+from ..pipeline import Component, Item, Output, Transform
+from ..schemes._common import codes_entry, pack, packing
+from ..sources import Source, TensorInfo
+
+
+class Repack(Transform):
+    """The ``--repack`` transform: each described tensor rewritten into qformat's canonical
+    layout (:func:`repack_plan`), losslessly; plain tensors pass through."""
+
+    def apply(self, item: Item, source: Source) -> Output:
+        if item.descriptor is None:
+            return Output(None, dict(item.components))
+        from ..descriptor import parse_descriptor
+
+        desc = item.parsed if item.parsed is not None else parse_descriptor(item.name, item.descriptor)
+        dj, comps = repack_plan(item.name, desc, source)
+        return Output(dj, comps)
 
 
 def repack(name: str, desc: Descriptor, src: Source) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(canonical descriptor JSON, its component arrays) for logical tensor ``name``."""
-    arrays: dict[str, np.ndarray] = {}
+    out, comps = repack_plan(name, desc, src)
+    return out, {k: c.produce() for k, c in comps.items()}
+
+
+def repack_plan(name: str, desc: Descriptor, src: Source) -> tuple[dict[str, Any], dict[str, Component]]:
+    """(canonical descriptor JSON, its components) for logical tensor ``name``, nothing computed:
+    each component's dtype and shape are known now and its array is made when produced (each
+    on its own, reading ``src`` again), so a writer can plan headers first and hold one at a time."""
+    comps: dict[str, Component] = {}
     renamed: dict[str, str] = {}  # source name of a shared tensor (group index) -> new name
-    out = _repack(name, desc, src, arrays, renamed)
-    return out, arrays
+    out = _repack(name, desc, src, comps, renamed)
+    return out, comps
 
 
-def _repack(prefix: str, desc: Descriptor, src: Source, arrays: dict[str, np.ndarray], renamed: dict[str, str]) -> dict[str, Any]:
-    if desc.layout != "canonical":
-        # A device layout (SPEC.md §11) is a permutation of its canonical component: unpack it
-        # exactly (NumPy reference, qformat.layouts) and repack the codes like any other.
-        from ..layouts import canonical_view
+def _canonical(desc: Descriptor, src: Source) -> tuple[Descriptor, Callable[[], Source], Source]:
+    """(canonical descriptor, a callable giving the source of its components, a source for
+    their infos).  A device layout (SPEC.md §11) is a permutation of its canonical component:
+    it is unpacked exactly (NumPy reference, qformat.layouts) when a component is produced;
+    its infos are taken from one unpacking now, dropped at once."""
+    if desc.layout == "canonical":
+        return desc, lambda: src, src
+    from ..layouts import canonical_view
 
-        desc, src = canonical_view(desc, src)
-    codes = read_codes(desc, src, full_region(desc.shape))
+    cdesc, view = canonical_view(desc, src)
+    infos = {n: TensorInfo(*_info(view, n)) for _, n in cdesc.references()}
+    del view
+    return cdesc, lambda: canonical_view(desc, src)[1], _Infos(infos)
+
+
+class _Infos:
+    def __init__(self, infos: dict[str, TensorInfo]):
+        self.infos = infos
+
+    def info(self, name: str) -> TensorInfo | None:
+        return self.infos.get(name)
+
+
+def _info(src: Any, name: str) -> tuple[str, tuple[int, ...]]:
+    i = src.info(name)
+    if i is None:
+        raise error("CONVERT_SOURCE_INVALID", f"tensor {name!r} is not in the checkpoint", tensor=name)
+    return i.dtype, tuple(i.shape)
+
+
+def _packed_shape(shape: tuple[int, ...], bits: int) -> tuple[int, ...]:
+    """Shape of :func:`qformat.schemes._common.pack` of codes of ``shape``."""
+    s = tuple(shape) if shape else (1,)
+    return s[:-1] + (Packing.from_dict(packing(len(s))).words_per_row(s[-1], bits),)
+
+
+def _repack(prefix: str, desc: Descriptor, src: Source, comps: dict[str, Component], renamed: dict[str, str]) -> dict[str, Any]:
+    desc, get_src, infos = _canonical(desc, src)
     el = desc.codes.element
     element = el.to_dict()
     if el.table_tensor is not None:
-        element["table_tensor"] = _copy(src, el.table_tensor, f"{prefix}.table", arrays, renamed)
+        element["table_tensor"] = _copy(get_src, infos, el.table_tensor, f"{prefix}.table", comps, renamed)
     codes_name = f"{prefix}.codes"
-    arrays[codes_name] = pack(codes, el.bits)
+    cdesc = desc
+
+    def codes() -> np.ndarray:
+        return pack(read_codes(cdesc, get_src(), full_region(cdesc.shape)), el.bits)
+
+    comps[codes_name] = Component(TensorSpec(codes_name, "U8", _packed_shape(tuple(desc.shape), el.bits)), codes)
     d: dict[str, Any] = {"shape": list(desc.shape), "dtype": desc.dtype, "codes": codes_entry(codes_name, element, len(desc.shape))}
     for p in desc.params():
-        d[p.role] = _param(prefix, desc, p, src, arrays, renamed)
+        d[p.role] = _param(prefix, desc, p, src, get_src, infos, comps, renamed)
     if desc.allow_nonfinite_params:
         d["allow_nonfinite_params"] = True
     if desc.scheme is not None:
@@ -57,31 +117,53 @@ def _repack(prefix: str, desc: Descriptor, src: Source, arrays: dict[str, np.nda
     return d
 
 
-def _param(prefix: str, desc: Descriptor, p: Param, src: Source, arrays: dict[str, np.ndarray], renamed: dict[str, str]) -> dict[str, Any]:
+def _param(prefix: str, desc: Descriptor, p: Param, src: Source, get_src: Callable[[], Source], infos: Any,
+           comps: dict[str, Component], renamed: dict[str, str]) -> dict[str, Any]:
     blocks = p.blocks.to_dict()
     if p.blocks.index is not None:
-        blocks["index"]["tensor"] = _copy(src, p.blocks.index.tensor, f"{prefix}.group_index", arrays, renamed)
+        blocks["index"]["tensor"] = _copy(get_src, infos, p.blocks.index.tensor, f"{prefix}.group_index", comps, renamed)
     out: dict[str, Any] = {"blocks": blocks}
     if p.op is not None:
         out["op"] = p.op
     pname = f"{prefix}.{p.role}"
     if p.encoded is not None:
-        out["encoded"] = _repack(pname, p.encoded, src, arrays, renamed)
+        # A nested descriptor is canonical once its parent is (canonical_view rewrites the whole tree).
+        out["encoded"] = _repack(pname, p.encoded, _Deferred(get_src, infos), comps, renamed)
         return out
     assert p.tensor is not None
-    grid = p.blocks.grid_shape(desc.shape)
+    grid = tuple(p.blocks.grid_shape(desc.shape))
     order = p.order or tuple(range(len(grid)))
-    stored = np.asarray(src.array(p.tensor))
-    permuted = tuple(grid[a] for a in order)
-    values = stored.reshape(permuted).transpose(np.argsort(order)) if math.prod(grid) else np.zeros(grid, stored.dtype)
-    arrays[pname] = np.ascontiguousarray(values)
+    tensor = p.tensor
+
+    def values() -> np.ndarray:
+        stored = np.asarray(get_src().array(tensor))
+        permuted = tuple(grid[a] for a in order)
+        v = stored.reshape(permuted).transpose(np.argsort(order)) if math.prod(grid) else np.zeros(grid, stored.dtype)
+        return np.ascontiguousarray(v)
+
+    # np.ascontiguousarray makes a 0-d array 1-d: a rank-0 parameter is stored with shape [1] (as always).
+    comps[pname] = Component(TensorSpec(pname, _info(infos, tensor)[0], grid or (1,)), values)
     out["tensor"] = pname
     return out
 
 
-def _copy(src: Source, name: str, new: str, arrays: dict[str, np.ndarray], renamed: dict[str, str]) -> str:
+class _Deferred:
+    """A source whose arrays come from ``get_src()`` when read and whose infos are known now."""
+
+    def __init__(self, get_src: Callable[[], Source], infos: Any):
+        self.get_src, self.infos = get_src, infos
+
+    def info(self, name: str) -> Any:
+        return self.infos.info(name)
+
+    def array(self, name: str) -> np.ndarray:
+        return self.get_src().array(name)
+
+
+def _copy(get_src: Callable[[], Source], infos: Any, name: str, new: str, comps: dict[str, Component], renamed: dict[str, str]) -> str:
     if name in renamed:
         return renamed[name]
-    arrays[new] = np.ascontiguousarray(src.array(name))
+    dtype, shape = _info(infos, name)
+    comps[new] = Component(TensorSpec(new, dtype, shape or (1,)), lambda: np.ascontiguousarray(get_src().array(name)))
     renamed[name] = new
     return new

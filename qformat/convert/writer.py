@@ -13,42 +13,42 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 import numpy as np
 
-from .. import dtypes as _dt
-from ..atomic import atomic_write
+from .. import checkpoint_writer
 from ..check import check_file
-from ..container import write_file
-from ..descriptor import parse_descriptor, validate_descriptor
+from ..descriptor import parse_descriptor
+from ..validate import validate_descriptor
 from ..errors import QFormatError, error
 from ..model import required_version
 from ..model import METADATA_KEY
+from ..pipeline import Identity, Item, Plan, Transform, plan as plan_outputs, run, transform_all
 from ..sources import TensorInfo
 from .base import Checkpoint, Described, source_error
-from .repack import repack as repack_descriptor
+from .repack import Repack
 
 
-class _Combined:
-    """Source tensors (memory-mapped) overlaid with the converter's added arrays."""
+class CombinedSource:
+    """Source tensors (memory-mapped) overlaid with the converter's added arrays (produced when read)."""
 
-    def __init__(self, ck: Checkpoint, added: dict[str, np.ndarray]):
-        self.ck, self.added = ck, added
+    def __init__(self, ck: Checkpoint, described: Described):
+        self.ck, self.added = ck, described.added
 
     def info(self, name: str) -> TensorInfo | None:
-        a = self.added.get(name)
-        if a is not None:
-            st = _dt.storage_name(a.dtype)
-            return None if st is None else TensorInfo(st, tuple(a.shape))
+        if name in self.added:
+            return self.added.info(name)
         return self.ck.info(name) if self.ck.kind == "safetensors" else None
 
     def array(self, name: str) -> np.ndarray:
-        a = self.added.get(name)
-        return a if a is not None else self.ck.array(name)
+        c = self.added.get_component(name)
+        return c.produce() if c is not None else self.ck.array(name)
+
+    def component(self, name: str) -> Any:
+        c = self.added.get_component(name)
+        return c if c is not None else self.ck.component(name)
 
 
 @dataclass
@@ -86,9 +86,9 @@ class Progress:
         self.stream.flush()
 
 
-def _validated(described: Described, src: _Combined) -> dict[str, Any]:
+def _validated(described: Described, src: CombinedSource) -> dict[str, Any]:
     parsed = {}
-    for name, raw in described.descriptors.items():
+    for name, raw in described.tensors():
         try:
             desc = parse_descriptor(name, raw)
         except QFormatError as e:
@@ -101,9 +101,13 @@ def _validated(described: Described, src: _Combined) -> dict[str, Any]:
     return parsed
 
 
-def plan(ck: Checkpoint, described: Described, repack: bool) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Per output file: {stored name: array} and {logical name: descriptor JSON}."""
-    src = _Combined(ck, described.added)
+def items(ck: Checkpoint, described: Described, repack: bool = False) -> Iterator[Item]:
+    """The conversion as pipeline items, in output order: every described tensor (its
+    components are the source or added tensors it references, placed in the file of its
+    codes), then every source tensor no descriptor references (in its own file), then added
+    and plain tensors no descriptor references (in the single output file).  Nothing is read
+    beyond headers: components are produced when written."""
+    src = CombinedSource(ck, described)
     parsed = _validated(described, src)
     single = ck.files[0] if ck.files else "model.safetensors"
     if ck.kind != "safetensors":
@@ -115,38 +119,33 @@ def plan(ck: Checkpoint, described: Described, repack: bool) -> tuple[dict[str, 
         return single
 
     referenced: dict[str, str] = {}  # stored name -> logical tensor that references it
-    files: dict[str, dict[str, Any]] = {}
-    descs: dict[str, dict[str, Any]] = {}
     for name, desc in parsed.items():
         target = home(desc.codes.tensor)
-        if repack:
-            dj, arrays = repack_descriptor(name, desc, src)
-        else:
-            dj = described.descriptors[name]
-            arrays = {ref: src.array(ref) for _, ref in desc.references()}
         # A referenced tensor moves next to its codes: a logical tensor never spans shards (SPEC §14).
         for _, ref in desc.references():
             other = referenced.setdefault(ref, name)
             if other != name and not repack and home(ref) != target:
                 raise error("CONVERT_UNSUPPORTED", f"tensor {ref!r} is shared by {other!r} and {name!r}, which the output would place in different files", tensor=name)
-        out = files.setdefault(target, {})
-        for k, v in arrays.items():
-            if repack or k not in out:
-                out[k] = v
-        descs.setdefault(target, {})[name] = dj
+        comps = {ref: src.component(ref) for _, ref in desc.references()}
+        yield Item(name, described.descriptors[name], comps, target, parsed=desc)
     if ck.kind == "safetensors":
         for n in ck.names():
             if n in referenced or n in described.dropped:
                 continue
-            files.setdefault(home(n), {})[n] = ck.array(n)
-    for n, a in described.added.items():
+            yield Item(n, None, {n: ck.component(n)}, home(n))
+    for n in described.added:
         if n not in referenced:
-            files.setdefault(single, {})[n] = a
-    for n, a in described.plain.items():
-        files.setdefault(single, {})[n] = a
-    for f in files:
-        descs.setdefault(f, {})
-    return files, descs
+            yield Item(n, None, {n: described.added.component(n)}, single)
+    for n in described.plain:
+        yield Item(n, None, {n: described.plain.component(n)}, single)
+
+
+def plan(ck: Checkpoint, described: Described, repack: bool) -> Plan:
+    """Per output file: the stored components and the logical tensors' descriptor JSON (no array made)."""
+    transform: Transform = Repack() if repack else Identity()
+    src = CombinedSource(ck, described)
+    return plan_outputs(transform_all(items(ck, described, repack), transform, src),
+                        order=ck.files if ck.kind == "safetensors" else None)
 
 
 def _metadata(ck: Checkpoint, file: str, described: Described, descs: dict[str, Any]) -> dict[str, str]:
@@ -163,75 +162,38 @@ def _metadata(ck: Checkpoint, file: str, described: Described, descs: dict[str, 
 
 def write(ck: Checkpoint, described: Described, dst: str, repack: bool = False, overwrite: bool = False,
           progress: TextIO | None = None) -> Summary:
-    """Write the conversion to ``dst`` (a file for a single-file source, else a folder)."""
+    """Write the conversion to ``dst`` (a file for a single-file source, else a folder).
+
+    Runs on :mod:`qformat.pipeline`: every header is planned from specs first, then each
+    tensor is produced (copied from the source's memory map, repacked, or made by the
+    converter) and written one at a time, the source's pages released after each.
+    """
     dst = os.path.abspath(dst)
     as_folder = ck.kind == "safetensors" and (os.path.isdir(ck.path) or ck.sharded)
     if dst == ck.path or (not as_folder and dst in [os.path.join(ck.folder, f) for f in ck.files]):
         raise error("CONVERT_DESTINATION_INVALID", f"the destination {dst} is the source itself")
-    if os.path.exists(dst) and not overwrite:
-        raise error("CONVERT_DESTINATION_INVALID", f"{dst} exists; pass --overwrite to replace it")
-    if os.path.exists(dst) and as_folder != os.path.isdir(dst):
-        raise error("CONVERT_DESTINATION_INVALID", f"{dst} is a {'file' if as_folder else 'folder'}, expected a {'folder' if as_folder else 'file'} for this source")
-    parent = os.path.dirname(dst)
-    if not os.path.isdir(parent):
-        raise error("CONVERT_DESTINATION_INVALID", f"the destination's folder {parent} does not exist")
-    files, descs = plan(ck, described, repack)
-    order = [f for f in ck.files if f in files] + sorted(f for f in files if f not in ck.files)
-    if ck.kind != "safetensors":
-        order = sorted(files)
-    total = sum(int(a.nbytes) for f in order for a in files[f].values())
-    bar = Progress(total, len(order), progress if len(order) > 1 else None)
-    summary = Summary(logical=sum(len(d) for d in descs.values()), stored=sum(len(v) for v in files.values()), bytes=total)
-    tmp = tempfile.mkdtemp(prefix=".qformat-convert-", dir=parent)
-    try:
-        for f in order:
-            path = os.path.join(tmp, f)
-            write_file(path, files[f], _metadata(ck, f, described, descs[f]) or None)
-            _verify(path)
-            bar.file_done(f, sum(int(a.nbytes) for a in files[f].values()))
-        if not as_folder:
-            (f,) = order
-            os.replace(os.path.join(tmp, f), dst)
-            shutil.rmtree(tmp, ignore_errors=True)
-            summary.files = [dst]
-            return summary
+    checkpoint_writer.check_destination(dst, as_folder, overwrite)
+    p = plan(ck, described, repack)
+    total = p.bytes
+    bar = Progress(total, len(p.order), progress if len(p.order) > 1 else None)
+    summary = Summary(logical=sum(len(d) for d in p.descriptors.values()), stored=sum(len(v) for v in p.stored.values()), bytes=total)
+    side: list[str] = []
+    if as_folder:
         skip = set(ck.files) | ({ck.index_name} if ck.index_name else set())
         for n in sorted(os.listdir(ck.folder)):
-            p = os.path.join(ck.folder, n)
-            if n in skip or not os.path.isfile(p) or n.endswith(".safetensors") or n.startswith(".qformat-"):
+            path = os.path.join(ck.folder, n)
+            if n in skip or not os.path.isfile(path) or n.endswith(".safetensors") or n.startswith(".qformat-"):
                 continue
-            shutil.copyfile(p, os.path.join(tmp, n))
-        if ck.sharded:
-            weight_map: dict[str, str] = {}
-            for f in order:
-                for n in files[f]:
-                    weight_map[n] = f
-                for n in descs[f]:
-                    weight_map.setdefault(n, f)
-            idx = {k: v for k, v in (ck.index or {}).items() if k != "weight_map"}
-            md = dict(idx.get("metadata") or {}) if isinstance(idx.get("metadata"), dict) else {}
-            md["total_size"] = total
-            idx["metadata"] = md
-            idx["weight_map"] = dict(sorted(weight_map.items()))
-            with atomic_write(os.path.join(tmp, ck.index_name or "model.safetensors.index.json"), "w", encoding="utf-8") as fh:
-                json.dump(idx, fh, indent=2, ensure_ascii=False)
-                fh.write("\n")
-        if os.path.exists(dst):
-            old = tempfile.mkdtemp(prefix=".qformat-old-", dir=parent)
-            os.rmdir(old)
-            os.replace(dst, old)
-            os.replace(tmp, dst)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    summary.files = [os.path.join(dst, f) for f in order]
+            side.append(path)
+    index = None
+    if as_folder and ck.sharded:
+        index = checkpoint_writer.IndexSpec(ck.index_name or "model.safetensors.index.json", dict(ck.index or {}))
+    summary.files = run(p, dst, lambda f, descs: _metadata(ck, f, described, descs), as_folder=as_folder, overwrite=overwrite,
+                        side_files=side, index=index, verify=verify_output, release=ck.release, file_done=bar.file_done)
     return summary
 
 
-def _verify(path: str) -> None:
+def verify_output(path: str) -> None:
     """Header-level check of a written file: a converter bug must not leave a bad file."""
     rep = check_file(path, payload=False)
     if not rep.ok:

@@ -23,6 +23,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..descriptor import Descriptor
+from .base import Add, DeviceLayout, register
+
 NAME = "marlin_dense"
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
@@ -107,3 +110,58 @@ def unpermute_scales(s: np.ndarray, group: int | None, k: int) -> np.ndarray:
     out = np.empty_like(np.ascontiguousarray(s)).reshape(-1, perm.size)
     out[:, perm] = np.ascontiguousarray(s).reshape(-1, perm.size)
     return out.reshape(s.shape)
+
+
+class MarlinDense(DeviceLayout):
+    """``marlin_dense``: 4- or 8-bit codes in Marlin's tile order, the scale stored ``[K/G, N]``
+    (``order`` ``[1, 0]``) and permuted per 64 (grouped) or per 32 (per channel)."""
+
+    name = NAME
+    bits = BITS
+    group_sizes = GROUP_SIZES
+    per_channel = True
+    bias = False
+    param_order = (1, 0)
+
+    def shape_problems(self, desc: Descriptor, add: Add) -> None:
+        n, k = desc.shape
+        if k % K_MULTIPLE or n % N_MULTIPLE:
+            add("LAYOUT_SHAPE", "shape", f"layout {NAME!r} needs K a multiple of {K_MULTIPLE} and N a multiple of {N_MULTIPLE}, found [N, K] = {[n, k]}")
+
+    def device_shape(self, desc: Descriptor) -> tuple[int, ...]:
+        n, k = desc.shape
+        return device_shape(n, k, desc.codes.element.bits)
+
+    def unpack(self, desc: Descriptor, device: np.ndarray) -> np.ndarray:
+        n, k = desc.shape
+        return unpack(device, n, k, desc.codes.element.bits)
+
+    def pack(self, desc: Descriptor, codes: np.ndarray) -> np.ndarray:
+        return pack(codes, desc.codes.element.bits)
+
+    def code_positions(self, desc: Descriptor) -> np.ndarray:
+        n, k = desc.shape
+        a = np.arange(n * k, dtype=np.int64).reshape(n, k)
+        t = a.T.reshape(k // TILE, TILE, n // TILE, TILE).transpose(0, 2, 1, 3).reshape(k // TILE, n * TILE)
+        perm = weight_perm(desc.codes.element.bits)
+        r = t.reshape(-1, perm.size)[:, perm].reshape(-1)
+        pos = np.empty(n * k, np.int64)
+        pos[r] = np.arange(r.size)
+        return pos.reshape(n, k)
+
+    @staticmethod
+    def _group(desc: Descriptor) -> int | None:
+        return desc.scale.blocks.size[1]  # type: ignore[union-attr,index]
+
+    def scale_to_canonical(self, desc: Descriptor, stored: np.ndarray) -> np.ndarray:
+        return unpermute_scales(stored, self._group(desc), desc.shape[1])
+
+    def scale_from_canonical(self, desc: Descriptor, natural: np.ndarray) -> np.ndarray:
+        return permute_scales(natural, self._group(desc), desc.shape[1])
+
+    def scale_gather(self, desc: Descriptor) -> np.ndarray:
+        count = int(np.prod(desc.scale.blocks.grid_shape(desc.shape)))  # type: ignore[union-attr]
+        return permute_scales(np.arange(count, dtype=np.int64), self._group(desc), desc.shape[1]).argsort()
+
+
+LAYOUT = register(MarlinDense())

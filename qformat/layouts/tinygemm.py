@@ -22,6 +22,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..descriptor import Descriptor
+from .base import Add, DeviceLayout, register
+
 NAME = "tinygemm_int4_cuda"
 INNER_K_TILES = (2, 4, 8)
 GROUP_SIZES = (32, 64, 128, 256)
@@ -66,3 +69,49 @@ def unpack(words: np.ndarray, n: int, k: int, inner_k_tiles: int) -> np.ndarray:
     out = np.empty((n, k), np.uint8)
     out[nn, kk] = nib
     return out
+
+
+def _positions(n: int, k: int, inner_k_tiles: int) -> np.ndarray:
+    nn, kk = _index(n, k, inner_k_tiles)
+    pos = np.empty(n * k, np.int64)
+    pos[nn * k + kk] = np.arange(nn.size)
+    return pos.reshape(n, k)
+
+
+class TinyGemmInt4Cuda(DeviceLayout):
+    """``tinygemm_int4_cuda`` (parameter ``inner_k_tiles``): 4-bit codes, scale and optional
+    additive bias per group along K, stored ``[K/G, N]``."""
+
+    name = NAME
+    bits = (4,)
+    group_sizes = GROUP_SIZES
+    per_channel = False
+    bias = True
+
+    @staticmethod
+    def _tiles(desc: Descriptor) -> int:
+        return int(desc.layout_parameters["inner_k_tiles"])
+
+    def shape_problems(self, desc: Descriptor, add: Add) -> None:
+        n, k = desc.shape
+        t = self._tiles(desc)
+        if n % N_TILE or k % (t * K_TILE):
+            add("LAYOUT_SHAPE", "shape", f"layout {NAME!r} with inner_k_tiles {t} needs N a multiple of 8 and K a multiple of {t * 16}, found [N, K] = {[n, k]}")
+
+    def device_shape(self, desc: Descriptor) -> tuple[int, ...]:
+        n, k = desc.shape
+        return device_shape(n, k, self._tiles(desc))
+
+    def unpack(self, desc: Descriptor, device: np.ndarray) -> np.ndarray:
+        n, k = desc.shape
+        return unpack(device, n, k, self._tiles(desc))
+
+    def pack(self, desc: Descriptor, codes: np.ndarray) -> np.ndarray:
+        return pack(codes, self._tiles(desc))
+
+    def code_positions(self, desc: Descriptor) -> np.ndarray:
+        n, k = desc.shape
+        return _positions(n, k, self._tiles(desc))
+
+
+LAYOUT = register(TinyGemmInt4Cuda())

@@ -12,47 +12,24 @@ callers rename them (:meth:`QTensor.renamed`) when several tensors share a file.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from .. import dtypes as _dt
 from .. import tables
 from ..errors import error
 from ..qtensor import QTensor
 from ._common import check_choice, np_dtype
+# The family modules register their ids on import; a test checks that the registered ids are
+# exactly the keys of tables/schemes.json.
+from . import codebook, fp8, int_, mx, nf4, nvfp4  # noqa: F401
+from .registry import Encoder, Planned, Planner, get, get_plan, ids, register
 
-Encoder = Callable[..., QTensor]
+__all__ = ["Encoder", "Planned", "Planner", "get", "get_plan", "ids", "plan", "quantize", "register", "verify_plan"]
 
-_REGISTRY: dict[str, Encoder] = {}
 _INPUT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 _LOGICAL = ("float32", "float16", "bfloat16")
-
-
-def register(scheme_id: str) -> Callable[[Encoder], Encoder]:
-    """Decorator registering an encoder under ``scheme_id`` (which tables/schemes.json must list)."""
-
-    def deco(fn: Encoder) -> Encoder:
-        if scheme_id not in tables.schemes():
-            raise KeyError(f"scheme id {scheme_id!r} is not listed in tables/schemes.json")
-        if scheme_id in _REGISTRY:
-            raise KeyError(f"scheme id {scheme_id!r} is registered twice")
-        _REGISTRY[scheme_id] = fn
-        return fn
-
-    return deco
-
-
-def ids() -> list[str]:
-    """Registered scheme ids, sorted."""
-    return sorted(_REGISTRY)
-
-
-def get(scheme_id: str) -> Encoder:
-    """The encoder of ``scheme_id``; SCHEME_UNKNOWN when none is registered."""
-    fn = _REGISTRY.get(scheme_id) if isinstance(scheme_id, str) else None
-    if fn is None:
-        raise error("SCHEME_UNKNOWN", f"no encoder scheme {scheme_id!r}; registered schemes: {', '.join(ids())}", field="scheme")
-    return fn
 
 
 def quantize(array: Any, scheme: str, **params: Any) -> QTensor:
@@ -65,10 +42,7 @@ def quantize(array: Any, scheme: str, **params: Any) -> QTensor:
     cannot hold).
     """
     fn = get(scheme)
-    allowed = tables.schemes()[scheme]["parameters"]
-    for name in params:
-        if name not in allowed:
-            raise error("ENCODE_PARAM_INVALID", f"scheme {scheme!r} has no parameter {name!r}; expected one of {', '.join(allowed)}", field=name)
+    _check_names(scheme, params)
     x = _check_input(array)
     dt = params.pop("dtype", None)
     if dt is None:
@@ -76,6 +50,36 @@ def quantize(array: Any, scheme: str, **params: Any) -> QTensor:
     dt = check_choice("dtype", dt, _LOGICAL)
     _check_range(x, dt)
     return fn(x, dtype=dt, **params)
+
+
+def plan(shape: Any, scheme: str, dtype: str, **params: Any) -> Planned:
+    """What ``quantize(x, scheme, dtype=dtype, **params)`` writes for an array ``x`` of
+    ``shape``, without encoding: the descriptor and each component's safetensors dtype and
+    shape (each scheme's own planner, registered with its encoder).  Raises SCHEME_UNKNOWN or
+    ENCODE_PARAM_INVALID as :func:`quantize` would."""
+    planner = get_plan(scheme)
+    _check_names(scheme, params)
+    return planner(tuple(int(s) for s in shape), check_choice("dtype", dtype, _LOGICAL), **params)
+
+
+def verify_plan(scheme: str, rank: int, dtype: str, **params: Any) -> None:
+    """Encode a small array of ``rank`` (partial blocks on every axis) and check that
+    :func:`plan` predicts exactly what the encoder writes; this also checks every parameter
+    value the way the encoder does.  A mismatch is an internal error (SAVE_INVALID)."""
+    shape = tuple([3] * (rank - 1) + [37]) if rank else ()
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    q = quantize(x, scheme, dtype=dtype, **params)
+    desc, comps = plan(shape, scheme, dtype, **params)
+    got = {k: (_dt.storage_name(a.dtype), tuple(a.shape)) for k, a in q.components.items()}
+    if q.descriptor != desc or got != comps:
+        raise error("SAVE_INVALID", f"internal: the planned layout of scheme {scheme!r} {params} differs from the encoder's ({comps} vs {got})")
+
+
+def _check_names(scheme: str, params: dict[str, Any]) -> None:
+    allowed = tables.schemes()[scheme]["parameters"]
+    for name in params:
+        if name not in allowed:
+            raise error("ENCODE_PARAM_INVALID", f"scheme {scheme!r} has no parameter {name!r}; expected one of {', '.join(allowed)}", field=name)
 
 
 def _check_input(array: Any) -> np.ndarray:
@@ -97,8 +101,3 @@ def _check_range(x: np.ndarray, dtype: str) -> None:
     if bad.any():
         first = tuple(int(i) for i in np.argwhere(bad)[0])
         raise error("ENCODE_INPUT_INVALID", f"expected values within the range of dtype {dtype}, found {int(bad.sum())} that overflow it, the first at index {first}")
-
-
-# The family modules register their ids on import (after register() exists).  A test checks
-# that the registered ids are exactly the keys of tables/schemes.json.
-from . import codebook, fp8, int_, mx, nf4, nvfp4  # noqa: E402,F401

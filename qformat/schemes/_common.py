@@ -8,7 +8,7 @@ picks are the best ones *for the values a reader will actually decode*.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, overload
 
 import numpy as np
 
@@ -28,6 +28,12 @@ def bad_param(name: str, expected: str, found: Any) -> Exception:
     if len(text) > 80:  # long tables: enough to recognise them
         text = text[:60] + f"... ({type(found).__name__} of length {len(found) if hasattr(found, '__len__') else '?'})"
     return error("ENCODE_PARAM_INVALID", f"parameter {name!r}: expected {expected}, found {text}", field=name)
+
+
+@overload
+def check_int(name: str, value: Any, lo: int, hi: int | None = None, allow_none: Literal[False] = False) -> int: ...
+@overload
+def check_int(name: str, value: Any, lo: int, hi: int | None = None, allow_none: bool = ...) -> int | None: ...
 
 
 def check_int(name: str, value: Any, lo: int, hi: int | None = None, allow_none: bool = False) -> int | None:
@@ -71,9 +77,7 @@ def check_axis(name: str, value: Any, rank: int) -> int | None:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in (-1, 0):
             raise bad_param(name, "-1 or 0 for a rank-0 array", value)
         return None
-    v = check_int(name, value, -rank, rank - 1)
-    assert v is not None
-    return v % rank
+    return check_int(name, value, -rank, rank - 1) % rank
 
 
 # -- dtypes -----------------------------------------------------------------------------------
@@ -245,3 +249,13 @@ def nearest_of_two(x: np.ndarray, q0: np.ndarray, q1: np.ndarray, decode) -> np.
     e0 = np.where(np.isnan(e0), np.inf, e0)
     e1 = np.where(np.isnan(e1), np.inf, e1)
     return np.where(e1 < e0, q1, q0)
+
+
+#: safetensors dtype of a scale stored in each logical float dtype.
+SCALE_STORAGE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def packed_shape(shape: Sequence[int], bits: int) -> tuple[int, ...]:
+    """The shape of :func:`pack`'s output (U8) for codes of ``shape`` (rank 0 packs as [1])."""
+    s = tuple(int(n) for n in shape) or (1,)
+    return s[:-1] + (Packing.from_dict(packing(len(s))).words_per_row(s[-1], bits),)

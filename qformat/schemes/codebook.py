@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 
 from ..qtensor import QTensor
-from . import register
-from ._common import bad_param, check_int, codes_entry, f32, fit_scale, flat_cells, pack, to_output, unflat
+from .registry import Planned, register
+from ._common import (
+    bad_param, check_int, codes_entry, f32, fit_scale, flat_cells, pack, packed_shape, to_output, unflat,
+)
 
 
 def _table(values: Any) -> np.ndarray:
@@ -55,7 +57,28 @@ def _nearest(x: np.ndarray, s: np.ndarray, table: np.ndarray, dtype: str) -> np.
     return order[best]
 
 
-@register("codebook")
+def plan(shape: tuple[int, ...], dtype: str, values: Any = None, block_size: Any = 64) -> Planned:
+    """What :func:`encode` writes for an array of ``shape`` (see :data:`~qformat.schemes.registry.Planned`)."""
+    if values is None:
+        raise bad_param("values", "a 1-D sequence of 1 to 256 finite numbers", values)
+    table = _table(values)
+    bs = check_int("block_size", block_size, 1, allow_none=True)
+    bits = max(1, math.ceil(math.log2(len(table))))
+    if bs is not None and float(np.max(np.abs(table))) == 0:
+        raise bad_param("values", "a table with a nonzero entry when block_size scales blocks by absmax", values)
+    rank = len(shape)
+    desc: dict[str, Any] = {"shape": list(shape), "dtype": dtype,
+                            "codes": codes_entry("codes", {"type": "codebook", "bits": bits, "table_tensor": "table"}, rank)}
+    comps: dict[str, tuple[str, tuple[int, ...]]] = {"table": ("F32", (len(table),))}
+    if bs is not None:
+        comps["scale"] = ("F32", (-(-math.prod(shape) // bs),))
+        desc["scale"] = {"blocks": {"type": "flat", "size": bs}, "op": "multiply", "tensor": "scale"}
+    desc["scheme"] = "codebook"
+    comps["codes"] = ("U8", packed_shape(shape, bits))
+    return desc, comps
+
+
+@register("codebook", plan)
 def encode(x: np.ndarray, *, dtype: str, values: Any = None, block_size: Any = 64) -> QTensor:
     """Codes into the table ``values``; absmax scale per ``block_size`` (None: no scale)."""
     if values is None:

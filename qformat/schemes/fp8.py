@@ -15,14 +15,14 @@ import ml_dtypes
 import numpy as np
 
 from ..qtensor import QTensor
-from . import register
+from .registry import Planned, register
 from ._common import (
-    bad_param, cell_amax, cells, check_axis, check_choice, check_int, codes_entry, fit_scale, float_codes, float_spec,
-    grid_array, grid_blocks, round_float, uncells,
+    bad_param, cell_amax, cells, check_axis, check_choice, check_int, codes_entry, fit_scale, float_codes, float_spec, grid_array, grid_blocks, resolve_sizes, round_float, uncells,
 )
 
 _GRANULARITY = ("tensor", "channel", "block")
 _STORAGE = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+_STORAGE_NAME = {"e4m3fn": "F8_E4M3", "e5m2": "F8_E5M2"}
 
 
 def _block_sizes(block_size: Any, rank: int) -> list[int | None]:
@@ -35,17 +35,32 @@ def _block_sizes(block_size: Any, rank: int) -> list[int | None]:
     return [1] * max(rank - len(bs), 0) + bs[max(len(bs) - rank, 0):]
 
 
-def _encode(fmt: str, x: np.ndarray, dtype: str, granularity: Any, axis: Any, block_size: Any) -> QTensor:
+def _sizes(rank: int, granularity: Any, axis: Any, block_size: Any) -> list[int | None]:
+    """The scale's block sizes per axis for a granularity (validated as the encoder does)."""
     gran = check_choice("granularity", granularity, _GRANULARITY)
-    rank = x.ndim
     ax = check_axis("axis", axis, rank)
     blocks = _block_sizes(block_size, rank)
     if gran == "tensor":
-        sizes: list[int | None] = [None] * rank
-    elif gran == "channel":
-        sizes = [None if a == ax else 1 for a in range(rank)]
-    else:
-        sizes = list(blocks)
+        return [None] * rank
+    if gran == "channel":
+        return [None if a == ax else 1 for a in range(rank)]
+    return list(blocks)
+
+
+def _plan(fmt: str, shape: tuple[int, ...], dtype: str, granularity: Any, axis: Any, block_size: Any) -> Planned:
+    sizes = _sizes(len(shape), granularity, axis, block_size)
+    desc = {
+        "shape": list(shape), "dtype": dtype,
+        "codes": codes_entry("codes", {"type": "float", "format": fmt}, len(shape)),
+        "scale": {"blocks": grid_blocks(sizes), "op": "multiply", "tensor": "scale"},
+        "scheme": "fp8_e4m3" if fmt == "e4m3fn" else "fp8_e5m2",
+    }
+    return desc, {"codes": (_STORAGE_NAME[fmt], tuple(shape)), "scale": ("F32", resolve_sizes(shape, sizes)[1])}
+
+
+def _encode(fmt: str, x: np.ndarray, dtype: str, granularity: Any, axis: Any, block_size: Any) -> QTensor:
+    rank = x.ndim
+    sizes = _sizes(rank, granularity, axis, block_size)
     fmax = float_spec(fmt)[3]
     xc = cells(x.astype(np.float64), sizes)
     s = fit_scale(cell_amax(xc), fmax)
@@ -59,14 +74,24 @@ def _encode(fmt: str, x: np.ndarray, dtype: str, granularity: Any, axis: Any, bl
     return QTensor(desc, {"codes": codes.view(_STORAGE[fmt]), "scale": grid_array(s).astype(np.float32)})
 
 
-@register("fp8_e4m3")
+def plan_e4m3(shape: tuple[int, ...], dtype: str, granularity: Any = "channel", axis: Any = -1,
+              block_size: Any = (128, 128)) -> Planned:
+    return _plan("e4m3fn", shape, dtype, granularity, axis, block_size)
+
+
+def plan_e5m2(shape: tuple[int, ...], dtype: str, granularity: Any = "channel", axis: Any = -1,
+              block_size: Any = (128, 128)) -> Planned:
+    return _plan("e5m2", shape, dtype, granularity, axis, block_size)
+
+
+@register("fp8_e4m3", plan_e4m3)
 def encode_e4m3(x: np.ndarray, *, dtype: str, granularity: Any = "channel", axis: Any = -1,
                 block_size: Any = (128, 128)) -> QTensor:
     """FP8 E4M3 codes, scale amax / 448 per tensor, channel or block."""
     return _encode("e4m3fn", x, dtype, granularity, axis, block_size)
 
 
-@register("fp8_e5m2")
+@register("fp8_e5m2", plan_e5m2)
 def encode_e5m2(x: np.ndarray, *, dtype: str, granularity: Any = "channel", axis: Any = -1,
                 block_size: Any = (128, 128)) -> QTensor:
     """FP8 E5M2 codes, scale amax / 57344 per tensor, channel or block."""

@@ -19,10 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..qtensor import QTensor
-from . import register
+from .registry import Planned, register
 from ._common import (
-    cell_amax, cell_axes, cells, check_axis, check_bool, check_choice, check_int, codes_entry, f32, grid_array,
-    grid_blocks, nearest_of_two, np_dtype, pack, to_output, uncells, bad_param,
+    SCALE_STORAGE, bad_param, cell_amax, cell_axes, cells, check_axis, check_bool, check_choice, check_int, codes_entry, f32, grid_array, grid_blocks, nearest_of_two, np_dtype, pack, packed_shape, resolve_sizes, to_output, uncells,
 )
 
 _SCALE_DTYPES = ("float32", "float16", "bfloat16")
@@ -114,7 +113,36 @@ def _chunked(fn, xc: np.ndarray, *args: Any) -> tuple[np.ndarray, ...]:  # type:
     return tuple(np.concatenate(p, axis=0) for p in zip(*parts))
 
 
-@register("int")
+def plan(shape: tuple[int, ...], dtype: str, bits: Any = 4, group_size: Any = 32, axis: Any = -1, symmetric: Any = True,
+         scale_dtype: Any = "float16") -> Planned:
+    """What :func:`encode` writes for an array of ``shape`` (see :data:`~qformat.schemes.registry.Planned`)."""
+    b = check_int("bits", bits, 2, 8)
+    g = check_int("group_size", group_size, 1, allow_none=True)
+    sym = check_bool("symmetric", symmetric)
+    sdt = check_choice("scale_dtype", scale_dtype, _SCALE_DTYPES)
+    rank = len(shape)
+    ax = check_axis("axis", axis, rank)
+    sizes: list[int | None] = [1] * rank
+    if ax is not None:
+        sizes[ax] = g
+    grid = resolve_sizes(shape, sizes)[1]
+    desc: dict[str, Any] = {"shape": list(shape), "dtype": dtype}
+    comps: dict[str, tuple[str, tuple[int, ...]]] = {}
+    codes_spec = ("I8" if sym else "U8", tuple(shape)) if b == 8 else ("U8", packed_shape(shape, b))
+    if sym:
+        desc["codes"] = codes_entry("codes", {"type": "int", "bits": b, "signedness": "twos_complement"}, rank)
+    else:
+        desc["codes"] = codes_entry("codes", {"type": "int", "bits": b, "signedness": "unsigned"}, rank)
+        desc["zero"] = {"blocks": grid_blocks(sizes), "tensor": "zero"}
+        comps["zero"] = ("U8", grid)
+    comps["codes"] = codes_spec
+    desc["scale"] = {"blocks": grid_blocks(sizes), "op": "multiply", "tensor": "scale"}
+    desc["scheme"] = "int"
+    comps["scale"] = (SCALE_STORAGE[sdt], grid)
+    return desc, comps
+
+
+@register("int", plan)
 def encode(x: np.ndarray, *, dtype: str, bits: Any = 4, group_size: Any = 32, axis: Any = -1,
            symmetric: Any = True, scale_dtype: Any = "float16") -> QTensor:
     """Integer codes with a scale per ``group_size`` elements along ``axis`` (None: whole axis)."""
@@ -122,7 +150,6 @@ def encode(x: np.ndarray, *, dtype: str, bits: Any = 4, group_size: Any = 32, ax
     g = check_int("group_size", group_size, 1, allow_none=True)
     sym = check_bool("symmetric", symmetric)
     sdt = check_choice("scale_dtype", scale_dtype, _SCALE_DTYPES)
-    assert b is not None
     rank = x.ndim
     ax = check_axis("axis", axis, rank)
     sizes: list[int | None] = [1] * rank

@@ -21,9 +21,9 @@ import numpy as np
 
 from .. import tables
 from ..qtensor import QTensor
-from . import register
+from .registry import Planned, register
 from ._common import (
-    cell_amax, cells, check_int, codes_entry, emax, float_codes, grid_array, grid_blocks, pack, round_float, uncells,
+    cell_amax, cells, check_int, codes_entry, emax, float_codes, grid_array, grid_blocks, pack, packed_shape, resolve_sizes, round_float, uncells,
 )
 
 #: scheme id -> element format name ("int8" for MXINT8).
@@ -67,13 +67,39 @@ def _encode(scheme: str, x: np.ndarray, dtype: str, block_size: Any) -> QTensor:
     return QTensor(desc, {"codes": codes, "scale": scale})
 
 
+def _plan(scheme: str, shape: tuple[int, ...], dtype: str, block_size: Any) -> Planned:
+    bs = check_int("block_size", block_size, 1)
+    fmt = FORMATS[scheme]
+    rank = len(shape)
+    sizes: list[int | None] = [1] * (rank - 1) + [bs] if rank else []
+    if fmt == "int8":
+        element: dict[str, Any] = {"type": "int", "bits": 8, "signedness": "twos_complement", "frac_bits": _INT8_FRAC}
+        codes = ("I8", tuple(shape))
+    else:
+        element = {"type": "float", "format": fmt}
+        if fmt in _FP8_STORAGE:
+            codes = ({"e4m3fn": "F8_E4M3", "e5m2": "F8_E5M2"}[fmt], tuple(shape))
+        else:
+            codes = ("U8", packed_shape(shape, int(tables.float_formats()[fmt]["bits"])))
+    desc = {
+        "shape": list(shape), "dtype": dtype,
+        "codes": codes_entry("codes", element, rank),
+        "scale": {"blocks": grid_blocks(sizes), "op": "multiply", "tensor": "scale"},
+        "scheme": scheme,
+    }
+    return desc, {"codes": codes, "scale": ("F8_E8M0", resolve_sizes(shape, sizes)[1])}
+
+
 def _make(scheme: str) -> None:
     def encode(x: np.ndarray, *, dtype: str, block_size: Any = 32) -> QTensor:
         return _encode(scheme, x, dtype, block_size)
 
+    def plan(shape: tuple[int, ...], dtype: str, block_size: Any = 32) -> Planned:
+        return _plan(scheme, shape, dtype, block_size)
+
     encode.__name__ = f"encode_{scheme}"
     encode.__doc__ = f"OCP {scheme.upper()}: {FORMATS[scheme]} elements, an E8M0 scale per ``block_size`` along the last axis."
-    register(scheme)(encode)
+    register(scheme, plan)(encode)
 
 
 for _scheme in FORMATS:

@@ -12,14 +12,17 @@ as a per-tensor bias.  The NF4 codes are then chosen against the absmax a reader
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from .. import tables
 from ..qtensor import QTensor
-from . import register
-from ._common import check_bool, check_int, codes_entry, f32, fit_scale, flat_cells, nearest_of_two, pack, to_output, unflat
+from .registry import Planned, register
+from ._common import (
+    check_bool, check_int, codes_entry, f32, fit_scale, flat_cells, nearest_of_two, pack, packed_shape, to_output, unflat,
+)
 
 _NESTED_BLOCK = 256
 
@@ -74,12 +77,39 @@ def _scaled(xb: np.ndarray, a: np.ndarray, tail: int) -> np.ndarray:
     return np.clip(y, np.float32(-1), np.float32(1)).astype(np.float32)
 
 
-@register("nf4")
+def plan(shape: tuple[int, ...], dtype: str, block_size: Any = 64, double_quant: Any = False) -> Planned:
+    """What :func:`encode` writes for an array of ``shape`` (see :data:`~qformat.schemes.registry.Planned`)."""
+    bs = check_int("block_size", block_size, 1)
+    dq = check_bool("double_quant", double_quant)
+    rank = len(shape)
+    nb = -(-math.prod(shape) // bs)
+    desc: dict[str, Any] = {"shape": list(shape), "dtype": dtype,
+                            "codes": codes_entry("codes", {"type": "codebook", "bits": 4, "table": "nf4"}, rank)}
+    comps: dict[str, tuple[str, tuple[int, ...]]] = {}
+    if dq:
+        nested = {
+            "shape": [nb], "dtype": "float32",
+            "codes": codes_entry("scale.codes", {"type": "int", "bits": 8, "signedness": "twos_complement"}, 1),
+            "scale": {"blocks": {"type": "grid", "size": [_NESTED_BLOCK]}, "op": "multiply", "tensor": "scale.scale"},
+            "bias": {"blocks": {"type": "grid", "size": [None]}, "op": "add", "tensor": "scale.bias"},
+        }
+        desc["scale"] = {"blocks": {"type": "flat", "size": bs}, "op": "multiply", "encoded": nested}
+        comps["scale.codes"] = ("I8", (nb,))
+        comps["scale.scale"] = ("F32", (-(-nb // _NESTED_BLOCK),))
+        comps["scale.bias"] = ("F32", ())
+    else:
+        desc["scale"] = {"blocks": {"type": "flat", "size": bs}, "op": "multiply", "tensor": "scale"}
+        comps["scale"] = ("F32", (nb,))
+    desc["scheme"] = "nf4"
+    comps["codes"] = ("U8", packed_shape(shape, 4))
+    return desc, comps
+
+
+@register("nf4", plan)
 def encode(x: np.ndarray, *, dtype: str, block_size: Any = 64, double_quant: Any = False) -> QTensor:
     """NF4 codes, absmax (binary32) per ``block_size`` elements of the flattened tensor."""
     bs = check_int("block_size", block_size, 1)
     dq = check_bool("double_quant", double_quant)
-    assert bs is not None
     table = tables.codebook_values("nf4")  # sorted ascending, code = index
     bounds = ((table[:-1] + table[1:]) / np.float32(2)).astype(np.float32)
     xb = flat_cells(x.astype(np.float32), bs)  # bitsandbytes quantizes the binary32 values

@@ -14,8 +14,10 @@ import ml_dtypes
 import numpy as np
 
 from ..qtensor import QTensor
-from . import register
-from ._common import F32_TINY, cell_amax, cells, codes_entry, f32, float_codes, grid_array, grid_blocks, pack, round_float, uncells
+from .registry import Planned, register
+from ._common import (
+    F32_TINY, cell_amax, cells, codes_entry, f32, float_codes, grid_array, grid_blocks, pack, packed_shape, resolve_sizes, round_float, uncells,
+)
 
 BLOCK = 16
 _E4M3_MIN = 2.0**-9  # smallest positive E4M3 (a subnormal)
@@ -32,7 +34,26 @@ def global_scale(amax: float) -> float:
     return float(g)
 
 
-@register("nvfp4")
+def plan(shape: tuple[int, ...], dtype: str) -> Planned:
+    """What :func:`encode` writes for an array of ``shape`` (see :data:`~qformat.schemes.registry.Planned`)."""
+    rank = len(shape)
+    sizes: list[int | None] = [1] * (rank - 1) + [BLOCK] if rank else []
+    grid = resolve_sizes(shape, sizes)[1]
+    nested = {
+        "shape": list(grid), "dtype": "float32",
+        "codes": codes_entry("scale.codes", {"type": "float", "format": "e4m3fn"}, rank),
+        "scale": {"blocks": grid_blocks([None] * rank), "op": "multiply", "tensor": "scale.scale"},
+    }
+    desc = {
+        "shape": list(shape), "dtype": dtype,
+        "codes": codes_entry("codes", {"type": "float", "format": "e2m1fn"}, rank),
+        "scale": {"blocks": grid_blocks(sizes), "op": "multiply", "encoded": nested},
+        "scheme": "nvfp4",
+    }
+    return desc, {"codes": ("U8", packed_shape(shape, 4)), "scale.codes": ("F8_E4M3", grid), "scale.scale": ("F32", ())}
+
+
+@register("nvfp4", plan)
 def encode(x: np.ndarray, *, dtype: str) -> QTensor:
     """NVFP4 (ModelOpt convention: the tensor scale multiplies)."""
     rank = x.ndim

@@ -8,11 +8,14 @@
 * :func:`load_file` reads a file into ``jax.Array`` values (or QArrays with ``packed=True``),
   optionally sharded: each device reads and decodes only the blocks of its own shard.
 * :func:`conformance_reader` is the in-process reader of ``qformat conformance run``.
+* :mod:`qformat_jax.decode` is the traced decoder itself: :func:`~qformat_jax.decode.jitted`
+  (one cached ``jax.jit`` per descriptor JSON, :func:`~qformat_jax.decode.descriptor_json`)
+  and :func:`~qformat_jax.decode.f32_path_chosen`, for benchmarks and tests.
 
 Reached as ``qformat.jax``; ``import qformat`` alone never imports JAX.
 """
 
-from ._decode import decode_traced, round_to, widen_to_f32
+from .decode import decode_traced, round_to, widen_to_f32
 from ._io import conformance_reader, load_checkpoint, load_file, load_region
 from ._qarray import QArray, dequantize
 

@@ -11,17 +11,15 @@ import numpy as np
 
 import qformat
 from qformat.descriptor import Descriptor
-from qformat.errors import error
+from qformat.errors import error, raise_first
+from qformat.index import is_index
+from qformat.io import parse_index
 from qformat.slicing import RecordingSource, aligned_region, describe_alignment, is_aligned, slice_qtensor
 
-from ._decode import descriptor_json, jitted
-from ._qarray import QArray, ShardInfo, _raise_if_bad, host_components, lead_axes_of
+from .decode import descriptor_json, jitted
+from ._qarray import QArray, ShardInfo, raise_if_bad, host_components, lead_axes_of
 
 ShardingSpec = Any  # a jax.sharding.Sharding, a mapping name -> Sharding, or a callable
-
-
-def _references(desc: Descriptor) -> list[str]:
-    return sorted({name for _, name in desc.references()})
 
 
 def _has_table(desc: Descriptor) -> bool:
@@ -46,24 +44,20 @@ def _sharding_for(sharding: ShardingSpec, name: str, shape: tuple[int, ...]) -> 
 
 
 def _region_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    out = []
-    for s, n in zip(index, shape):
-        lo, hi, _ = s.indices(n)
-        out.append((lo, max(lo, hi)))
-    return tuple(out) + tuple((0, n) for n in shape[len(index) :])
+    """The box of a device's index (step-1 slices) into a tensor of ``shape``."""
+    return parse_index(shape, tuple(index))[0]
 
 
 def _load_logical(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any, packed: bool, exact: bool,
                   read_log: list | None) -> Any:
-    desc = f._descriptor(name)
-    src = f._src
+    desc = f.validated_descriptor(name)
     if shard is None:
-        comps = {n: src.array(n) for n in _references(desc)}
+        comps = f.get_qtensor(name).components  # memory-mapped views
         q = QArray(desc, jax.device_put(host_components(desc, comps, name), device))
         if packed:
             return q.check() if _has_table(desc) else q
         out, ok = jitted(q._desc_json, exact)(q.components)
-        _raise_if_bad(ok, name)
+        raise_if_bad(ok, name)
         return out
     if packed:
         return _load_packed_sharded(f, name, desc, shard)
@@ -91,16 +85,16 @@ def load_region(f: qformat.io.SafeOpen, name: str, region: Any, device: Any = No
     cut to the box.  With ``read_log`` (a list), one record per call is appended: the tensor,
     device, box, aligned box and the file byte ranges read (qformat.slicing.Read).
     """
-    desc = _desc if _desc is not None else f._descriptor(name)
+    desc = _desc if _desc is not None else f.validated_descriptor(name)
     region = tuple((int(lo), int(hi)) for lo, hi in region)
     A = aligned_region(desc, region)
-    src = RecordingSource(f._src) if read_log is not None else f._src
+    src = RecordingSource(f.source) if read_log is not None else f.source
     sub, comps = slice_qtensor(desc, src, A)
     sub_desc = Descriptor.from_dict(sub)
     host = host_components(sub_desc, comps, name)
     cut = None if A == region else tuple((lo - alo, hi - alo) for (lo, hi), (alo, _) in zip(region, A))
     out, ok = jitted(descriptor_json(sub), exact, cut)(jax.device_put(host, device))
-    _raise_if_bad(ok, name)
+    raise_if_bad(ok, name)
     if read_log is not None:
         read_log.append({"tensor": name, "device": device, "region": region, "aligned": A, "reads": list(src.reads)})
     return out
@@ -118,21 +112,21 @@ def _load_packed_sharded(f: qformat.io.SafeOpen, name: str, desc: Descriptor, sh
     spec = tuple(shard.spec) + (None,) * (len(shape) - len(shard.spec))
     lead_axes = lead_axes_of(spec)
     mesh = shard.mesh
-    local_json = None
+    local_jsons: set[str] = set()
     per_device: dict[Any, dict[str, np.ndarray]] = {}
     for dev, idx in shard.addressable_devices_indices_map(shape).items():
         region = _region_of(idx, shape)
         if not is_aligned(desc, region):
             raise error("SLICE_INVALID", f"device {dev.id}'s box {list(region)} is not block-aligned, so it cannot stay packed: "
                         + describe_alignment(desc, region) + "; load it decoded (packed=False) or choose a sharding on aligned bounds", tensor=name)
-        sub, comps = slice_qtensor(desc, f._src, region)
-        j = descriptor_json(sub)
-        if local_json is None:
-            local_json = j
-        elif j != local_json:
+        sub, comps = slice_qtensor(desc, f.source, region)
+        local_jsons.add(descriptor_json(sub))
+        if len(local_jsons) > 1:
             raise error("SLICE_INVALID", "the devices' boxes cut to different local descriptors (uneven shards); load it decoded (packed=False)", tensor=name)
         per_device[dev] = host_components(Descriptor.from_dict(sub), comps, name)
-    assert local_json is not None
+    if not per_device:
+        raise error("SLICE_INVALID", "the sharding has no device addressable from this process to hold the packed blocks", tensor=name)
+    (local_json,) = local_jsons
     lead_shape = tuple(mesh.shape[a] for a in lead_axes)
     comp_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*lead_axes))
     names = sorted(next(iter(per_device.values())))
@@ -146,7 +140,7 @@ def _load_packed_sharded(f: qformat.io.SafeOpen, name: str, desc: Descriptor, sh
 
 
 def _load_plain(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any) -> Any:
-    arr = f._src.array(name)
+    arr = f.plain_array(name)
     if not _jax_holds(arr.dtype):
         return np.array(arr)  # a 64-bit plain tensor without jax_enable_x64: kept exact, in NumPy
     if shard is None:
@@ -173,12 +167,14 @@ def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, pa
     * Plain tensors are returned as stored; 64-bit ones stay NumPy arrays unless
       ``jax_enable_x64`` is on (JAX would otherwise narrow them).
 
+    A sharded checkpoint's ``*.safetensors.index.json`` loads every shard (:func:`load_checkpoint`).
     Errors are :class:`qformat.QFormatError` with the core's codes, as for ``qformat.load_file``.
     """
+    if is_index(path):
+        return load_checkpoint(path, sharding=sharding, packed=packed, device=device, exact=exact, read_log=read_log)
     with qformat.safe_open(path) as f:
         for probs in f.model.tensor_problems.values():
-            if probs:
-                raise probs[0]
+            raise_first(probs)
         out: dict[str, Any] = {}
         for name in f.keys():
             shape = f.shape(name)
@@ -196,27 +192,9 @@ def load_checkpoint(path: str | os.PathLike[str], **kwargs: Any) -> dict[str, An
     The index is validated against each shard as :func:`qformat.load_checkpoint` does
     (INDEX_INVALID, INDEX_MISMATCH); ``kwargs`` go to :func:`load_file`.
     """
-    from qformat.container import read_header
-    from qformat.index import mismatches, read_index
-    from qformat.io import FileSource
-    from qformat.model import interpret
+    from qformat.checkpoint import load_checkpoint as load_shards
 
-    path = os.fspath(path)
-    if not path.endswith(".json"):
-        return load_file(path, **kwargs)
-    index = read_index(path)
-    out: dict[str, Any] = {}
-    for shard in index.shards:
-        sp = os.path.join(index.folder, shard)
-        header = read_header(sp)
-        probs = mismatches(index, shard, header, interpret(header, FileSource(sp, header)))
-        if probs:
-            raise probs[0]
-        for name, arr in load_file(sp, **kwargs).items():
-            if name in out:
-                raise error("INDEX_MISMATCH", f"tensor {name!r} appears in more than one shard", tensor=name, field="weight_map")
-            out[name] = arr
-    return out
+    return load_shards(path, lambda p: load_file(p, **kwargs))
 
 
 def conformance_reader(path: str) -> dict[str, np.ndarray]:

@@ -14,25 +14,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from qformat import layouts as _L
 from qformat.descriptor import Descriptor
+from qformat.layouts import CANONICAL, CANONICAL_PACKING, code_positions, scale_gather
+from qformat.packing import Packing, slot_shifts
+
+_CANONICAL_PACKING = Packing.from_dict(CANONICAL_PACKING)
 
 
 def canonical(desc: Descriptor, comps: Mapping[str, jax.Array], bits_of: Any) -> tuple[Descriptor, dict[str, jax.Array]]:
     """(canonical descriptor, components with the canonical codes (and Marlin scale))."""
     n, k = desc.shape
     b = desc.codes.element.bits
-    per = 32 // b
-    pos = _L.code_positions(desc)
+    per = _CANONICAL_PACKING.slots_per_word(b)
+    pos = code_positions(desc)
     words = bits_of(comps[desc.codes.tensor]).astype(jnp.uint32).reshape(-1)
     codes = (words[jnp.asarray(pos // per)] >> jnp.asarray((b * (pos % per)).astype(np.uint32))) & jnp.uint32((1 << b) - 1)
     fields = codes.reshape(n, k // per, per)
-    shifts = jnp.asarray((b * np.arange(per)).astype(np.uint32))
+    shifts = jnp.asarray(slot_shifts(_CANONICAL_PACKING, b))
     canon = jnp.sum(fields << shifts, axis=-1, dtype=jnp.uint32)  # disjoint fields: sum == or
     out = dict(comps)
     out[desc.codes.tensor] = canon.astype(jnp.uint32)
-    g = _L.scale_gather(desc)
+    g = scale_gather(desc)
     if g is not None:
         s = comps[desc.scale.tensor]  # type: ignore[union-attr]
         out[desc.scale.tensor] = s.reshape(-1)[jnp.asarray(g)].reshape(s.shape)  # type: ignore[union-attr]
-    return dataclasses.replace(desc, layout="canonical", layout_parameters={}), out
+    return dataclasses.replace(desc, layout=CANONICAL, layout_parameters={}), out

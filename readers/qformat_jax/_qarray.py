@@ -12,11 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from qformat import QTensor
-from qformat.descriptor import Descriptor, parse_descriptor, validate_descriptor
-from qformat.errors import error
+from qformat.descriptor import Descriptor, Param, parse_descriptor
+from qformat.errors import QFormatError, error, raise_first
+from qformat.regions import check_group_index
 from qformat.sources import ArraySource
+from qformat.validate import validate_descriptor
 
-from ._decode import _JNP_LOGICAL, decode_traced, descriptor_json, jitted
+from .decode import _JNP_LOGICAL, decode_traced, descriptor_json, jitted
 
 
 @lru_cache(maxsize=512)
@@ -24,33 +26,33 @@ def parsed(desc_json: str) -> Descriptor:
     return Descriptor.from_dict(json.loads(desc_json))
 
 
-def group_index_names(desc: Descriptor) -> dict[str, int]:
-    """Group-index component name -> its ``count``, over every (nested) parameter."""
-    out: dict[str, int] = {}
+def group_index_params(desc: Descriptor) -> dict[str, Param]:
+    """Group-index component name -> the parameter it indexes, over every (nested) parameter."""
+    out: dict[str, Param] = {}
     for prm in desc.params():
         if prm.blocks.index is not None:
-            out[prm.blocks.index.tensor] = prm.blocks.index.count
+            out[prm.blocks.index.tensor] = prm
         if prm.encoded is not None:
-            out.update(group_index_names(prm.encoded))
+            out.update(group_index_params(prm.encoded))
     return out
 
 
 def host_components(desc: Descriptor, comps: Mapping[str, Any], tensor: str | None = None) -> dict[str, np.ndarray]:
     """Component arrays ready for the device, unchanged in bits and dtype.
 
-    Group indices are range-checked here (GROUP_INDEX_RANGE: never used as an out-of-range
-    coordinate) and narrowed to int32, since JAX holds no 64-bit integers by default.
+    Group indices are range-checked here by the core (:func:`qformat.regions.check_group_index`,
+    GROUP_INDEX_RANGE: never used as an out-of-range coordinate) and narrowed to int32, since
+    JAX holds no 64-bit integers by default.
     """
     out = {}
-    gidx = group_index_names(desc)
+    gidx = group_index_params(desc)
     for name, a in comps.items():
-        if name in gidx:
-            v = np.asarray(a)
-            bad = (v < 0) | (v >= gidx[name])
-            if bad.any():
-                i = int(np.flatnonzero(bad.reshape(-1))[0])
-                raise error("GROUP_INDEX_RANGE", f"group index at position {i} is {int(v.reshape(-1)[i])}, expected 0..{gidx[name] - 1}", tensor=tensor)
-            a = v.astype(np.int32)
+        prm = gidx.get(name)
+        if prm is not None:
+            try:
+                a = check_group_index(prm, np.asarray(a), 0).astype(np.int32)
+            except QFormatError as e:  # the same error, naming the tensor
+                raise error(e.code, e.message, tensor=tensor, field=e.field) from None
         out[name] = a
     return out
 
@@ -59,7 +61,7 @@ def _is_traced(leaves: Any) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in leaves)
 
 
-def _raise_if_bad(ok: Any, tensor: str | None) -> None:
+def raise_if_bad(ok: Any, tensor: str | None) -> None:
     if not bool(ok):
         raise error("CODE_OUT_OF_RANGE", "a code indexes past the end of its codebook table", tensor=tensor, field="codes.tensor")
 
@@ -105,9 +107,7 @@ class QArray:
         raw = qt.descriptor
         desc = parse_descriptor("<qtensor>", raw)
         comps = qt.components
-        probs = validate_descriptor("<qtensor>", desc, ArraySource(comps))
-        if probs:
-            raise probs[0]
+        raise_first(validate_descriptor("<qtensor>", desc, ArraySource(comps)))
         host = host_components(desc, comps)
         return cls(desc, jax.device_put(host, device))
 
@@ -155,22 +155,22 @@ class QArray:
             if _is_traced(self._leaves):
                 return fn(*self._leaves)[0]
             out, ok = jax.jit(fn)(*self._leaves)
-            _raise_if_bad(jnp.all(ok), None)
+            raise_if_bad(jnp.all(ok), None)
             return out
         if _is_traced(self._leaves):
             return decode_traced(parsed(self._desc_json), comps, exact)[0]
         out, ok = jitted(self._desc_json, exact)(comps)
-        _raise_if_bad(ok, None)
+        raise_if_bad(ok, None)
         return out
 
     def check(self) -> "QArray":
         """Raise CODE_OUT_OF_RANGE if a code indexes past a codebook table (decodes once)."""
         if self._sharded is not None:
             _, ok = jax.jit(_sharded_decoder(self._desc_json, self._names, self._sharded, True))(*self._leaves)
-            _raise_if_bad(jnp.all(ok), None)
+            raise_if_bad(jnp.all(ok), None)
             return self
         _, ok = jitted(self._desc_json, True)(self.components)
-        _raise_if_bad(ok, None)
+        raise_if_bad(ok, None)
         return self
 
     def __repr__(self) -> str:
@@ -237,8 +237,6 @@ def dequantize(q: Any, descriptor: Mapping[str, Any] | Descriptor | None = None,
         desc = descriptor if isinstance(descriptor, Descriptor) else Descriptor.from_dict(descriptor)
         return decode_traced(desc, comps, exact)[0]
     desc = descriptor if isinstance(descriptor, Descriptor) else parse_descriptor("<components>", dict(descriptor))
-    probs = validate_descriptor("<components>", desc, ArraySource(comps))
-    if probs:
-        raise probs[0]
+    raise_first(validate_descriptor("<components>", desc, ArraySource(comps)))
     host = host_components(desc, {k: (v if isinstance(v, jax.Array) else np.asarray(v)) for k, v in comps.items()})
     return QArray(desc, host).dequantize(exact)

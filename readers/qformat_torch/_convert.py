@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from qformat import dtypes as _dt
+from qformat import dtypes as qdtypes
 from qformat.errors import error
 
 #: safetensors storage dtype name -> torch dtype (F4 / F6_* have none: PLAIN_DTYPE_UNSUPPORTED).
@@ -56,7 +56,7 @@ def numpy_to_torch(a: np.ndarray, device: Any = "cpu", dtype_name: str | None = 
 
     ``dtype_name`` is the safetensors dtype of the storage (default: derived from ``a.dtype``).
     """
-    name = dtype_name or _dt.storage_name(a.dtype)
+    name = dtype_name or qdtypes.storage_name(a.dtype)
     if name is None or name not in STORAGE_TORCH:
         raise error("PLAIN_DTYPE_UNSUPPORTED", f"array dtype {a.dtype} has no torch dtype")
     target = STORAGE_TORCH[name]
@@ -77,8 +77,9 @@ def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
     if t.dtype in _NUMPY_NATIVE:
         return t.numpy().copy()
     name = storage_name(t.dtype)
-    npdt = _dt.storage_numpy(name)
-    assert npdt is not None
+    npdt = qdtypes.storage_numpy(name)
+    if npdt is None:
+        raise error("PLAIN_DTYPE_UNSUPPORTED", f"torch dtype {t.dtype} has no NumPy dtype")
     if t.numel() == 0:
         return np.zeros(tuple(t.shape), npdt)
     return t.view(_INT_TORCH[t.element_size()]).numpy().view(npdt).copy()

@@ -101,7 +101,7 @@ def from_bnb(weight: Any, quant_state: Any = None) -> qformat.QTensor:
 
 
 def _codes_flat(comps: dict[str, np.ndarray], d: Any) -> np.ndarray:
-    from qformat.decode import full_region, read_codes
+    from qformat.regions import full_region, read_codes
 
     return np.asarray(read_codes(d, ArraySource(comps), full_region(d.shape))).reshape(-1)
 

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 import qformat
-from qformat.decode import full_region, read_codes
+from qformat.regions import full_region, read_codes
 from qformat.descriptor import Descriptor, parse_descriptor
 from qformat.elements import lut as element_lut
 from qformat.errors import error

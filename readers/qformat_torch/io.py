@@ -16,61 +16,83 @@ import numpy as np
 import torch
 
 import qformat
-from qformat import io as _core_io
-from qformat.decode import Region
-from qformat.errors import QFormatError, error
+from qformat.errors import error, raise_first
+from qformat.index import is_index
+from qformat.io import SafeOpen as CoreSafeOpen
+from qformat.io import parse_index, squeezed_shape
+from qformat.regions import Region
 
 from ._convert import numpy_to_torch, torch_to_numpy
 from .decode import decode
 from .qtensor import TorchQTensor, as_qtensor
-from .sources import FileTorchSource
+from .sources import ArrayTorchSource
 
 
-def _raise_first(probs: list[QFormatError]) -> None:
-    if probs:
-        raise probs[0]
+class SafeOpen:
+    """A lazily read qformat file whose tensors come back as torch tensors on ``device``.
 
-
-class SafeOpen(_core_io.SafeOpen):
-    """A lazily read qformat file whose tensors come back as torch tensors on ``device``."""
+    It composes the core's :class:`qformat.io.SafeOpen` (:attr:`core`), which parses and
+    validates the file; this class only produces torch tensors from it.
+    """
 
     def __init__(self, path: str | os.PathLike[str], device: Any = "cpu"):
-        super().__init__(path)
+        self.core = CoreSafeOpen(path)
         self.device = torch.device(device)
-        self._tsrc = FileTorchSource(self._src, self.device)
-
-    def close(self) -> None:
-        super().close()
-        self._tsrc = None  # type: ignore[assignment]
+        self.path, self.header, self.model = self.core.path, self.core.header, self.core.model
 
     def __enter__(self) -> "SafeOpen":
         return self
 
-    def _get(self, name: str, region: Region | None) -> torch.Tensor:  # type: ignore[override]
-        self._known(name)
-        if name in self.model.plain:
-            _raise_first(self.model.tensor_problems.get(name, []))
-            a = self._src.array(name)
-            if region is not None:
-                a = a[tuple(slice(lo, hi) for lo, hi in region)]
-            return numpy_to_torch(a, self.device, self.header.entries[name].dtype)
-        desc = self._descriptor(name)
-        return decode(desc, self._tsrc, region, tensor=name)
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
-    def get_tensor(self, name: str) -> torch.Tensor:  # type: ignore[override]
+    def close(self) -> None:
+        """Drop the references to the memory map (tensors already returned stay valid)."""
+        self.core.close()
+
+    def keys(self) -> list[str]:
+        return self.core.keys()
+
+    def metadata(self) -> dict[str, str]:
+        return self.core.metadata()
+
+    def is_quantized(self, name: str) -> bool:
+        return self.core.is_quantized(name)
+
+    def descriptor(self, name: str) -> dict[str, Any] | None:
+        return self.core.descriptor(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.core.shape(name)
+
+    def read(self, name: str, region: Region | None) -> torch.Tensor:
+        """``region`` of a tensor (default: all of it) on the device, decoded to its logical
+        dtype (plain tensors: copied as stored)."""
+        if not self.core.is_quantized(name):
+            return numpy_to_torch(self.core.plain_array(name, region), self.device, self.header.entries[name].dtype)
+        src = ArrayTorchSource(self.core.source, self.device)
+        return decode(self.core.validated_descriptor(name), src, region, tensor=name)
+
+    def get_tensor(self, name: str) -> torch.Tensor:
         """The tensor decoded to its logical dtype on the device (plain tensors: as stored)."""
-        return self._get(name, None)
+        return self.read(name, None)
 
-    def get_qtensor(self, name: str) -> TorchQTensor:  # type: ignore[override]
+    def get_qtensor(self, name: str) -> TorchQTensor:
         """The packed tensor, its components copied to the device, not decoded."""
-        desc = self._descriptor(name)
-        comps = {c: self._tsrc.read(c) for _, c in desc.references()}
-        return TorchQTensor(desc.to_dict(), comps, _parsed=desc)
+        desc = self.core.validated_descriptor(name)
+        src = ArrayTorchSource(self.core.source, self.device)
+        return TorchQTensor(desc.to_dict(), {c: src.read(c) for _, c in desc.references()}, _parsed=desc)
 
-    def get_qtensor_slice(self, name: str, key: Any) -> TorchQTensor:  # type: ignore[override]
+    def get_slice(self, name: str) -> "Slice":
+        """An object whose ``[...]`` decodes only the rows or blocks asked for."""
+        self.core.require(name)
+        return Slice(self, name)
+
+    def get_qtensor_slice(self, name: str, key: Any) -> TorchQTensor:
         """The block-aligned box ``key`` of a quantized tensor as a standalone packed tensor on the
         device: only the bytes the box needs are read (qformat.slicing.slice_qtensor)."""
-        return TorchQTensor.from_qtensor(super().get_qtensor_slice(name, key), self.device)
+        region, _ = parse_index(self.shape(name), key, name)
+        return TorchQTensor.from_qtensor(self.core.qtensor_box(name, region), self.device)
 
     def get_shard(self, name: str, dim: int, rank: int, world: int, packed: bool = False) -> Any:
         """Tensor-parallel shard ``rank`` of ``world`` along ``dim``, bounds from
@@ -82,12 +104,31 @@ class SafeOpen(_core_io.SafeOpen):
         from .slicing import shard_bounds
 
         shape = self.shape(name)
-        desc = self._descriptor(name) if self.is_quantized(name) else None
+        desc = self.core.validated_descriptor(name) if self.is_quantized(name) else None
         lo, hi = shard_bounds(shape, dim, rank, world, descriptor=desc)
         key = tuple(slice(lo, hi) if a == dim % len(shape) else slice(None) for a in range(len(shape)))
         if packed:
             return self.get_qtensor_slice(name, key)
         return self.get_slice(name)[key]
+
+
+class Slice:
+    """``get_slice(name)[...]``: integers and step-1 slices decode just that box (the core's
+    index parsing, :func:`qformat.io.parse_index`)."""
+
+    def __init__(self, f: SafeOpen, name: str):
+        self._f, self._name = f, name
+
+    def get_shape(self) -> list[int]:
+        return list(self._f.shape(self._name))
+
+    def __getitem__(self, key: Any) -> torch.Tensor:
+        region, squeeze = parse_index(self._f.shape(self._name), key, self._name)
+        return self._f.read(self._name, region).reshape(squeezed_shape(region, squeeze))
+
+    def qtensor(self, key: Any) -> TorchQTensor:
+        """The block-aligned box ``key`` as a standalone, still packed :class:`TorchQTensor`."""
+        return self._f.get_qtensor_slice(self._name, key)
 
 
 def safe_open(path: str | os.PathLike[str], framework: str = "pt", device: Any = "cpu") -> SafeOpen:
@@ -98,16 +139,20 @@ def safe_open(path: str | os.PathLike[str], framework: str = "pt", device: Any =
 
 
 def load_file(path: str | os.PathLike[str], device: Any = "cpu", dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor of a file on ``device``; quantized ones decoded to their logical dtype.
+    """Every tensor of a file, or of a sharded checkpoint given its ``*.safetensors.index.json``,
+    on ``device``; quantized ones decoded to their logical dtype.
 
     ``dtype`` (optional) converts every floating-point tensor afterwards with ``.to(dtype)``:
     quantized tensors are first decoded to their logical dtype exactly as the spec says, so the
     result is that value converted (exact when widening).  Integer tensors are left alone.
     """
-    with safe_open(path, device=device) as f:
-        for probs in f.model.tensor_problems.values():
-            _raise_first(probs)
-        out = {name: f.get_tensor(name) for name in f.keys()}
+    if is_index(path):
+        out = load_checkpoint(path, device)
+    else:
+        with safe_open(path, device=device) as f:
+            for probs in f.model.tensor_problems.values():
+                raise_first(probs)
+            out = {name: f.get_tensor(name) for name in f.keys()}
     if dtype is not None:
         out = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in out.items()}
     return out
@@ -142,25 +187,9 @@ def load_checkpoint(path: str | os.PathLike[str], device: Any = "cpu") -> dict[s
 
     The index is checked against each shard with the core's rules (INDEX_INVALID, INDEX_MISMATCH).
     """
-    from qformat.container import read_header
-    from qformat.index import mismatches, read_index
-    from qformat.model import interpret
+    from qformat.checkpoint import load_checkpoint as load_shards
 
-    path = os.fspath(path)
-    if not path.endswith(".json"):
-        return load_file(path, device)
-    index = read_index(path)
-    out: dict[str, torch.Tensor] = {}
-    for shard in index.shards:
-        sp = os.path.join(index.folder, shard)
-        header = read_header(sp)
-        model = interpret(header, _core_io.FileSource(sp, header))
-        _raise_first(mismatches(index, shard, header, model))
-        for name, t in load_file(sp, device).items():
-            if name in out:
-                raise error("INDEX_MISMATCH", f"tensor {name!r} appears in more than one shard", tensor=name, field="weight_map")
-            out[name] = t
-    return out
+    return load_shards(path, lambda p: load_file(p, device))
 
 
 def conformance_reader(path: str) -> dict[str, np.ndarray]:

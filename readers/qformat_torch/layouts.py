@@ -17,46 +17,24 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 import qformat
-from qformat import layouts as _L
+from qformat import layouts as L
 from qformat.descriptor import Descriptor
 from qformat.errors import error
+from qformat.regions import full_region, grid_array, read_codes
+from qformat.sources import ArraySource
 
-from ._convert import numpy_to_torch, torch_to_numpy
-
-
-class _Overlay:
-    """A TorchSource whose listed components are replaced by canonical NumPy arrays."""
-
-    def __init__(self, src: Any, arrays: Mapping[str, np.ndarray]):
-        self._src, self._arrays = src, dict(arrays)
-        self.device = src.device
-
-    def info(self, name: str) -> Any:
-        return self._src.info(name)
-
-    def read(self, name: str, shape: Sequence[int] | None = None, box: Any = None) -> torch.Tensor:
-        a = self._arrays.get(name)
-        if a is None:
-            return self._src.read(name, shape, box)
-        if shape is not None:
-            a = a.reshape(tuple(shape))
-        if box is not None:
-            a = a[tuple(box)]
-        return numpy_to_torch(np.ascontiguousarray(a), self.device, self._src.info(name).dtype)
+from .sources import canonical_source
 
 
-def canonical_view(desc: Descriptor, src: Any) -> tuple[Descriptor, Any]:
-    """(canonical descriptor, source with canonical components) for a device-layout descriptor."""
-    if desc.layout == "canonical":
-        return desc, src
-    arrays = _L.canonical_arrays(desc, lambda n: torch_to_numpy(src.read(n).cpu()))
-    return dataclasses.replace(desc, layout="canonical", layout_parameters={}), _Overlay(src, arrays)
+#: (canonical descriptor, torch source of canonical components) of a device-layout tensor: the
+#: core's :func:`qformat.layouts.canonical_view` through the reader's NumPy view of the source.
+canonical_view = canonical_source
 
 
 def to_canonical(q: Any) -> qformat.QTensor:
@@ -64,7 +42,7 @@ def to_canonical(q: Any) -> qformat.QTensor:
     from .qtensor import as_qtensor
 
     core = as_qtensor(q) if not isinstance(q, qformat.QTensor) else q
-    d, c = _L.to_canonical(core.descriptor, core.components)
+    d, c = L.to_canonical(core.descriptor, core.components)
     return qformat.QTensor(d, c)
 
 
@@ -83,20 +61,17 @@ class TinyGemmWeight:
 def _kernel_inputs(q: qformat.QTensor) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
     """(uint8 offset-binary codes [N, K], G, scale [K/G, N] f32, zero [K/G, N] f32) of a tensor
     whose values are exactly (q - 8) * s (+ z): symmetric 4-bit weights with a scale per group."""
-    from qformat.decode import full_region, read_codes
-    from qformat.sources import ArraySource
-
-    d, c = _L.to_canonical(q.descriptor, q.components)
+    d, c = L.to_canonical(q.descriptor, q.components)
     desc = Descriptor.from_dict(d)
     el = desc.codes.element
     s = desc.scale
     ok = (len(desc.shape) == 2 and el.type == "int" and el.bits == 4 and el.signedness in ("offset_binary", "twos_complement")
           and not el.code_offset and not el.frac_bits and desc.zero is None and s is not None and s.tensor is not None
           and s.op == "multiply" and s.blocks.type == "grid" and s.blocks.index is None and s.blocks.size[0] == 1
-          and s.blocks.size[1] in _L.tinygemm.GROUP_SIZES and desc.shape[1] % s.blocks.size[1] == 0
+          and s.blocks.size[1] in L.tinygemm.GROUP_SIZES and desc.shape[1] % s.blocks.size[1] == 0
           and (desc.bias is None or (desc.bias.tensor is not None and desc.bias.op == "add" and desc.bias.blocks == s.blocks)))
     if not ok:
-        raise error("LAYOUT_MISMATCH", f"tinygemm needs symmetric 4-bit int codes with a plain multiply scale (and optional add bias) per group of {_L.tinygemm.GROUP_SIZES} along K, found {d}")
+        raise error("LAYOUT_MISMATCH", f"tinygemm needs symmetric 4-bit int codes with a plain multiply scale (and optional add bias) per group of {L.tinygemm.GROUP_SIZES} along K, found {d}")
     src = ArraySource(c)
     codes = read_codes(desc, src, full_region(desc.shape))
     if el.signedness == "twos_complement":
@@ -105,11 +80,7 @@ def _kernel_inputs(q: qformat.QTensor) -> tuple[np.ndarray, int, np.ndarray, np.
     g = int(s.blocks.size[1])
 
     def grid(prm: Any) -> np.ndarray:
-        gs = prm.blocks.grid_shape(desc.shape)
-        stored = tuple(gs[a] for a in prm.order) if prm.order else gs
-        v = np.asarray(c[prm.tensor]).reshape(stored)
-        v = v.transpose(np.argsort(prm.order)) if prm.order else v
-        return np.ascontiguousarray(v.astype(np.float32).T)  # [K/G, N]
+        return np.ascontiguousarray(grid_array(prm, desc, src).astype(np.float32).T)  # [K/G, N]
 
     zero = grid(desc.bias) if desc.bias is not None else np.zeros((k // g, n), np.float32)
     return codes, g, grid(s), zero
@@ -138,7 +109,7 @@ def tinygemm_weight(q: Any, device: Any = "cpu", inner_k_tiles: int = 8, use_pri
             u8 = torch.from_numpy(((codes[:, ::2] << 4) | codes[:, 1::2]).astype(np.uint8)).to(dev)
             packed = torch.ops.aten._convert_weight_to_int4pack(u8, inner_k_tiles)
         else:
-            packed = torch.from_numpy(_L.tinygemm.pack(codes, inner_k_tiles).view(np.int32)).to(dev)
+            packed = torch.from_numpy(L.tinygemm.pack(codes, inner_k_tiles).view(np.int32)).to(dev)
     else:
         if not hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"):
             raise error("LAYOUT_UNKNOWN", "this torch build has no _convert_weight_to_int4pack_for_cpu operator")

@@ -8,7 +8,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 import qformat
-from qformat.descriptor import Descriptor, parse_descriptor, validate_descriptor
+from qformat.descriptor import Descriptor, parse_descriptor
+from qformat.validate import validate_descriptor
 from qformat.qtensor import rename_references
 
 from ._convert import LOGICAL_TORCH, numpy_to_torch, torch_to_numpy

@@ -5,17 +5,23 @@ order) and cut by one slice per axis.  The file source slices the core's memory-
 view first and copies only those bytes into a torch tensor on the target device, so a region
 decode reads just the packed words, parameter cells and group indices it needs.  The tensor
 source (a QLinear's buffers, a TorchQTensor's components) slices tensors already on the device.
+
+Where the core reads stored arrays itself (a device layout's conversion to canonical, a stored
+codebook table, a group index), it gets the NumPy view of a source (:func:`numpy_view`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Protocol, Sequence
 
+import numpy as np
 import torch
 
-from qformat.sources import TensorInfo
+from qformat.descriptor import Descriptor
+from qformat.layouts import canonical_view
+from qformat.sources import Source, TensorInfo
 
-from ._convert import STORAGE_TORCH, numpy_to_torch, storage_name
+from ._convert import STORAGE_TORCH, numpy_to_torch, storage_name, torch_to_numpy
 
 Box = Sequence[slice]
 
@@ -30,23 +36,29 @@ class TorchSource(Protocol):
         ...
 
 
-class FileTorchSource:
-    """Boxes of components copied from the core's memory map (qformat.io.FileSource)."""
+class ArrayTorchSource:
+    """Boxes of a NumPy source's arrays (the core's memory map, qformat.io.FileSource, or its
+    canonical view of a device layout), only the box's bytes copied into torch on the device."""
 
-    def __init__(self, src: Any, device: Any):
-        self._src = src
+    def __init__(self, src: Source, device: Any):
+        self.arrays = src
         self.device = torch.device(device)
 
     def info(self, name: str) -> TensorInfo | None:
-        return self._src.info(name)
+        return self.arrays.info(name)
 
     def read(self, name: str, shape: Sequence[int] | None = None, box: Box | None = None) -> torch.Tensor:
-        a = self._src.array(name)
+        a = self.arrays.array(name)
         if shape is not None:
             a = a.reshape(tuple(shape))
         if box is not None:
             a = a[tuple(box)]
-        return numpy_to_torch(a, self.device, self._src.info(name).dtype)
+        info = self.arrays.info(name)
+        return numpy_to_torch(a, self.device, None if info is None else info.dtype)
+
+
+#: The file source is the array source over the core's memory map.
+FileTorchSource = ArrayTorchSource
 
 
 class TensorSource:
@@ -74,4 +86,34 @@ class TensorSource:
         return t.to(self.device)
 
 
-__all__ = ["FileTorchSource", "STORAGE_TORCH", "TensorSource", "TorchSource"]
+class NumpyView:
+    """The core's NumPy :class:`~qformat.sources.Source` interface over a torch source (each
+    array copied to the CPU when asked for)."""
+
+    def __init__(self, src: TorchSource):
+        self.src = src
+
+    def info(self, name: str) -> TensorInfo | None:
+        return self.src.info(name)
+
+    def array(self, name: str) -> np.ndarray:
+        return torch_to_numpy(self.src.read(name))
+
+
+def numpy_view(src: TorchSource) -> Source:
+    """``src`` as a NumPy source for the core: an array source's own arrays (no copy), else a
+    :class:`NumpyView`."""
+    return src.arrays if isinstance(src, ArrayTorchSource) else NumpyView(src)
+
+
+def canonical_source(desc: Descriptor, src: TorchSource) -> tuple[Descriptor, TorchSource]:
+    """(the canonical descriptor, a torch source of its components) for a tensor read: a device
+    layout (SPEC.md §11) is unpacked by the core's :func:`qformat.layouts.canonical_view` over the
+    NumPy view of ``src``, whose canonical arrays are then read like any others; a canonical
+    descriptor comes back with ``src`` unchanged.  Readers call this once per tensor read."""
+    cdesc, csrc = canonical_view(desc, numpy_view(src))
+    return (desc, src) if cdesc is desc else (cdesc, ArrayTorchSource(csrc, src.device))
+
+
+__all__ = ["ArrayTorchSource", "FileTorchSource", "NumpyView", "STORAGE_TORCH", "TensorSource", "TorchSource",
+           "canonical_source", "numpy_view"]

@@ -164,18 +164,18 @@ def test_destination_rules(tmp_path):
 
 def test_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     folder, _ = _sharded(tmp_path)
-    from qformat.convert import writer
+    from qformat import checkpoint_writer as writer
 
     calls = []
-    real = writer.write_file
+    real = writer.write_planned
 
-    def flaky(path, arrays, meta):
+    def flaky(path, *args):
         calls.append(path)
         if len(calls) == 2:
             raise OSError("disk full (simulated)")
-        return real(path, arrays, meta)
+        return real(path, *args)
 
-    monkeypatch.setattr(writer, "write_file", flaky)
+    monkeypatch.setattr(writer, "write_planned", flaky)
     before = sorted(os.listdir(tmp_path))
     with pytest.raises(OSError):
         convert(folder, tmp_path / "out")

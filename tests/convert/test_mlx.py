@@ -191,3 +191,35 @@ def test_errors(tmp_path):
     wts["layers.0.scales"] = wts["layers.0.scales"][:2]
     mx.save_safetensors(str(src / "model.safetensors"), wts, metadata={"format": "mlx"})
     _expect_error(src, "CONVERT_SOURCE_INVALID", "expected [5] + [groups]")
+
+
+def test_null_metadata_as_mx_save_safetensors_writes_by_default(tmp_path):
+    """``mx.save_safetensors(path, arrays)`` writes ``"__metadata__": null``: the converter reads
+    it as the safetensors library does (no metadata) and decodes like MLX; the converted file
+    has an object there, while a qformat reader keeps refusing null in a file it reads."""
+    import subprocess
+    import sys
+
+    import qformat
+
+    mx.random.seed(1)
+    wq, scales, biases = mx.quantize(mx.random.normal((4, 64)), group_size=32, bits=4)  # float32: MLX rounds once too
+    src = tmp_path / "src"
+    src.mkdir()
+    arrays = {"layers.0.weight": wq, "layers.0.scales": scales, "layers.0.biases": biases}
+    mx.save_safetensors(str(src / "model.safetensors"), arrays)  # no metadata argument
+    raw = (src / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    assert json.loads(raw[8 : 8 + n])["__metadata__"] is None
+    (src / "config.json").write_text(json.dumps({"model_type": "test", "quantization": {"group_size": 32, "bits": 4}}))
+    want = _np(mx.dequantize(arrays["layers.0.weight"], arrays["layers.0.scales"], arrays["layers.0.biases"], group_size=32, bits=4))
+    dst = tmp_path / "out"
+    qformat.convert.convert(src, dst)
+    got = qformat.load_file(dst / "model.safetensors")["layers.0.weight"]
+    assert bits_equal(got, want)
+    # the strict reader's rule for files it reads is unchanged (SPEC.md §2.3, check 8)
+    with pytest.raises(QFormatError) as e:
+        qformat.load_file(src / "model.safetensors")
+    assert e.value.code == "METADATA_INVALID"
+    out = subprocess.run([sys.executable, "-m", "qformat", "check", "--json", str(src / "model.safetensors")], capture_output=True, text=True)
+    assert out.returncode != 0 and "METADATA_INVALID" in out.stdout and "Traceback" not in out.stderr

@@ -19,7 +19,7 @@ jax = pytest.importorskip("jax")
 import qformat  # noqa: E402
 from qformat_jax import load_file  # noqa: E402
 
-from ..test_decode import same_bits  # noqa: E402
+from ..backends import same_bits  # noqa: E402
 
 SCHEMES = [
     ("int", {"bits": 4, "group_size": 32, "dtype": "bfloat16"}),

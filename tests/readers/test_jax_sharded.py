@@ -58,7 +58,7 @@ def _worker(tmp: str) -> None:
 
     import qformat
     from qformat.errors import QFormatError
-    from tests.test_decode import same_bits
+    from tests.backends import same_bits
     from tests.test_slicing import needed
 
     assert len(jax.devices()) == 8, jax.devices()
@@ -78,7 +78,7 @@ def _worker(tmp: str) -> None:
         ref = qformat.load_file(path)
         with qformat.safe_open(path) as f:
             raw = {n: f.descriptor(n) for n in shapes}
-            comps = {c: f._src.array(c) for c in f.header.entries}
+            comps = {c: f.source.array(c) for c in f.header.entries}
             entries = f.header.entries
             start = f.header.data_start
         for mesh_name, sharding in meshes.items():

@@ -18,7 +18,7 @@ import qformat_torch as qt  # noqa: E402
 from qformat_torch import interop_torchao as ita  # noqa: E402
 from qformat_torch._convert import torch_to_numpy  # noqa: E402
 
-from ..test_decode import same_bits  # noqa: E402
+from ..backends import same_bits  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

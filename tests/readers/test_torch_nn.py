@@ -13,7 +13,7 @@ import qformat  # noqa: E402
 import qformat_torch as qt  # noqa: E402
 from qformat_torch._convert import torch_to_numpy  # noqa: E402
 
-from ..test_decode import same_bits  # noqa: E402
+from ..backends import same_bits  # noqa: E402
 
 
 def mlp(dtype=torch.float32) -> nn.Module:

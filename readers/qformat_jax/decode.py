@@ -39,10 +39,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from qformat import dtypes as _dt
-from qformat import elements as _el
-from qformat.descriptor import Descriptor, Param, codes_shape
-from qformat.packing import Packing
+from qformat.descriptor import Descriptor, Param
+from qformat.dtypes import storage_name
+from qformat.elements import float_lut
+from qformat.elements import lut as element_lut
+from qformat.packing import Packing, inverse_permutation, slot_shifts
+from qformat.regions import full_region, plan_codes, plan_grid
 
 _F8_FORMATS = {"F8_E4M3": "e4m3fn", "F8_E5M2": "e5m2", "F8_E8M0": "e8m0fnu"}
 _UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
@@ -61,7 +63,7 @@ def _x64():  # type: ignore[no-untyped-def]
 
 def storage_of(x: Any) -> str:
     """safetensors dtype name of an array's dtype (its storage dtype on the device)."""
-    name = _dt.storage_name(np.dtype(x.dtype))
+    name = storage_name(np.dtype(x.dtype))
     if name is None:
         raise TypeError(f"dtype {x.dtype} is not a safetensors dtype")
     return name
@@ -102,7 +104,7 @@ def widen_to_f32(x: jax.Array, storage: str) -> jax.Array:
     if storage == "BF16":
         return _f32(_bits(x).astype(jnp.uint32) << 16)
     if storage in _F8_FORMATS:
-        table = jnp.asarray(_el.float_lut(_F8_FORMATS[storage]))
+        table = jnp.asarray(float_lut(_F8_FORMATS[storage]))
         return jnp.take(table, _bits(x).astype(jnp.int32), mode="clip")
     # integers: the integer value rounded to binary32 (RNE); no subnormal can arise
     return x.astype(jnp.float32)
@@ -166,12 +168,6 @@ def logical_to_f32(x: jax.Array, dtype: str) -> jax.Array:
 
 
 # -- unpacking ------------------------------------------------------------------------------
-def _slot_shifts(p: Packing, bits: int) -> np.ndarray:
-    n = p.slots_per_word(bits)
-    s = np.arange(n, dtype=np.uint32)
-    return (s * bits if p.bit_order == "lsb_first" else p.container - (s + 1) * bits).astype(np.uint32)
-
-
 def _unpack_rows(words: jax.Array, bits: int, p: Packing, length: int) -> jax.Array:
     """``words[..., W]`` (uint32) -> codes ``[..., length]`` (int32), per SPEC.md §7."""
     lead = words.shape[:-1]
@@ -180,8 +176,8 @@ def _unpack_rows(words: jax.Array, bits: int, p: Packing, length: int) -> jax.Ar
     mask = np.uint32((1 << bits) - 1)
     if p.uses_slots(bits):
         n = p.slots_per_word(bits)
-        shifts = jnp.asarray(_slot_shifts(p, bits))
-        inv = None if p.slot_order is None else np.argsort(np.asarray(p.slot_order))
+        shifts = jnp.asarray(slot_shifts(p, bits))
+        inv = None if p.slot_order is None else inverse_permutation(p.slot_order)
 
         def slots_of(seg: jax.Array) -> jax.Array:  # [..., m] -> [..., m, n] codes by element
             s = (seg[..., None] >> shifts) & mask
@@ -229,20 +225,18 @@ def _unpack_rows(words: jax.Array, bits: int, p: Packing, length: int) -> jax.Ar
 
 
 def read_codes(desc: Descriptor, comps: Mapping[str, jax.Array]) -> jax.Array:
-    """The logical code grid (int32, logical shape) of a descriptor."""
-    p = desc.codes.packing
-    bits = desc.codes.element.bits
-    rank = len(desc.shape)
-    order = p.order or tuple(range(rank))
-    sshape, length, _ = codes_shape(desc)
-    words = _bits(comps[desc.codes.tensor]).astype(jnp.uint32)
-    if p.axis is None:
-        codes = _unpack_rows(words.reshape(1, -1), bits, p, length)[0]
-        s = codes.reshape(sshape)
+    """The logical code grid (int32, logical shape) of a canonical-layout descriptor: the core's
+    read plan for the whole tensor (:func:`qformat.regions.plan_codes`) applied with jax.numpy."""
+    plan = plan_codes(desc, full_region(desc.shape))
+    words = _bits(comps[plan.tensor]).astype(jnp.uint32).reshape(plan.words_shape)[plan.box]
+    c0, c1 = plan.cut
+    if plan.axis is None:
+        codes = _unpack_rows(words[None, :], plan.bits, plan.packing, plan.length)[0, c0:c1]
+        s = codes.reshape(plan.rows_shape)[plan.rows_box]
     else:
-        moved = jnp.moveaxis(words, p.axis, -1)
-        s = jnp.moveaxis(_unpack_rows(moved, bits, p, length), -1, p.axis)
-    return s.transpose(np.argsort(order)) if p.order is not None else s
+        codes = _unpack_rows(jnp.moveaxis(words, plan.axis, -1), plan.bits, plan.packing, plan.length)[..., c0:c1]
+        s = jnp.moveaxis(codes, -1, plan.axis)
+    return s if plan.to_logical is None else s.transpose(plan.to_logical)
 
 
 # -- parameters -----------------------------------------------------------------------------
@@ -272,30 +266,30 @@ def _expand(vals: jax.Array, prm: Param, shape: tuple[int, ...], comps: Mapping[
 
 def _grid_values(prm: Param, desc: Descriptor, comps: Mapping[str, jax.Array], exact: bool) -> tuple[jax.Array, jax.Array]:
     """(binary32 values of a parameter over its grid G, ok flag of a nested decode)."""
-    grid = prm.blocks.grid_shape(desc.shape)
     if prm.encoded is not None:
         enc = prm.encoded
         out, ok = decode_traced(enc, comps, exact)
         return logical_to_f32(out, enc.dtype), ok
     x = comps[prm.tensor or ""]
-    v = widen_to_f32(x, storage_of(x))
-    stored = tuple(grid[a] for a in prm.order) if prm.order else grid
-    v = v.reshape(stored)
-    return (v.transpose(np.argsort(prm.order)) if prm.order else v), jnp.bool_(True)
+    g = plan_grid(prm, desc, full_region(prm.blocks.grid_shape(desc.shape)))  # the core's stored -> grid order
+    v = widen_to_f32(x, storage_of(x)).reshape(g.stored_shape)[g.stored_box]
+    return (v if g.to_grid is None else v.transpose(g.to_grid)), jnp.bool_(True)
 
 
 # -- the whole decode -----------------------------------------------------------------------
 def _element_table(desc: Descriptor, comps: Mapping[str, jax.Array]) -> tuple[jax.Array, int]:
+    """(2**bits binary32 lookup table, valid codes): the core's table (:func:`qformat.elements.lut`);
+    a stored codebook's values are widened on the device and take the place of the core's
+    table's first entries (the rest, past the valid codes, are the core's NaN)."""
     el = desc.codes.element
     if el.type == "codebook" and el.table_tensor is not None:
         t = comps[el.table_tensor]
+        layout, valid = element_lut(el, np.zeros(math.prod(t.shape), np.float32))
         vals = widen_to_f32(t, storage_of(t)).reshape(-1)
-        n = vals.shape[0]
-        pad = (1 << el.bits) - n
-        if pad:
-            vals = jnp.concatenate([vals, jnp.full((pad,), np.nan, jnp.float32)])
-        return vals, n
-    table, valid = _el.lut(el)
+        if valid < layout.shape[0]:
+            vals = jnp.concatenate([vals, jnp.asarray(layout[valid:])])
+        return vals, valid
+    table, valid = element_lut(el)
     return jnp.asarray(table), valid
 
 
@@ -371,7 +365,7 @@ def _static_values(desc: Descriptor, comps: Mapping[str, jax.Array], codes: jax.
     el = desc.codes.element
     if el.type == "codebook" and el.table_tensor is not None:
         return None
-    table, valid = _el.lut(el)
+    table, valid = element_lut(el)
     table = np.asarray(table, np.float32)
     n = 1 << el.bits
     if valid != n or el.bits > 16:

@@ -1,0 +1,161 @@
+"""What ``qformat quantize`` and ``qformat dequantize`` share around the writer: the source's
+side files and config.json, the output's shard layout (the source's, or by a maximum shard
+size in Hugging Face's "5GB" syntax), per-file metadata and a byte progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from typing import Any, Callable, Iterable, TextIO
+
+from .checkpoint_writer import DESTINATION_ERROR, IndexSpec
+from .errors import error
+from .model import METADATA_KEY
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def parse_size(size: Any) -> int:
+    """Bytes of a shard size: an integer, or Hugging Face's syntax ("5GB" = 5e9 bytes, "5GiB" =
+    5 * 2^30, "500MB", "100KiB"; a lowercase final "b" counts bits, as transformers does)."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        n = size
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?[Bb]?)\s*", str(size), re.IGNORECASE)
+        if not m:
+            raise error(DESTINATION_ERROR, f"max shard size {size!r} is not a size such as 5GB, 500MB or 2GiB", field="max_shard_size")
+        num, unit = float(m.group(1)), m.group(2)
+        u = unit.upper()
+        mult = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}.get(u)
+        if mult is None:
+            raise error(DESTINATION_ERROR, f"max shard size {size!r} has an unknown unit {unit!r}", field="max_shard_size")
+        n = int(num * mult)
+        if unit.endswith("b") and u not in ("", "B"):
+            n //= 8
+    if n < 1:
+        raise error(DESTINATION_ERROR, f"max shard size must be at least 1 byte, found {size!r}", field="max_shard_size")
+    return n
+
+
+def shard_by_size(units: Iterable[tuple[str, int]], max_bytes: int) -> tuple[dict[str, str], list[str]]:
+    """Greedy shards in order: (unit name -> file name, file names).  A unit (a logical tensor
+    with its components) never spans files; one larger than ``max_bytes`` gets a file alone.
+    One file is ``model.safetensors``; more are ``model-0000k-of-0000n.safetensors``."""
+    groups: list[list[str]] = []
+    cur: list[str] = []
+    size = 0
+    for name, nbytes in units:
+        if cur and size + nbytes > max_bytes:
+            groups.append(cur)
+            cur, size = [], 0
+        cur.append(name)
+        size += nbytes
+    if cur or not groups:
+        groups.append(cur)
+    n = len(groups)
+    files = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    return {u: files[i] for i, g in enumerate(groups) for u in g}, files
+
+
+def side_files(folder: str, skip: Iterable[str]) -> list[str]:
+    """Files beside the weights to copy unchanged (not safetensors files, indexes, temporaries,
+    or the names in ``skip``)."""
+    skip = set(skip)
+    out = []
+    for n in sorted(os.listdir(folder)):
+        p = os.path.join(folder, n)
+        if n in skip or not os.path.isfile(p) or n.endswith(".safetensors") or n.endswith(".safetensors.index.json") or n.startswith(".qformat-"):
+            continue
+        out.append(p)
+    return out
+
+
+def config_bytes(config: Any, quantization_config: dict[str, Any] | None) -> bytes:
+    """config.json with ``quantization_config`` replaced (None: removed); every other member kept in order."""
+    cfg = dict(config)
+    cfg.pop("quantization_config", None)
+    if quantization_config is not None:
+        cfg["quantization_config"] = quantization_config
+    return (json.dumps(cfg, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def file_metadata(base: dict[str, str] | None, descriptors: dict[str, Any]) -> dict[str, str] | None:
+    """A file's ``__metadata__``: the source's members without qformat's, plus the descriptors."""
+    from .model import required_version
+
+    meta = {k: v for k, v in (base or {}).items() if k != METADATA_KEY}
+    if descriptors:
+        meta[METADATA_KEY] = json.dumps({"version": required_version(descriptors), "tensors": descriptors}, separators=(",", ":"), sort_keys=True)
+    return meta or None
+
+
+def index_spec(ck: Any, resharded: bool) -> IndexSpec | None:
+    """The index to write: the source's (its other members kept) for the source's sharding, a new
+    one for more than one file of a new sharding (decided by the caller), else None."""
+    if resharded:
+        return IndexSpec(INDEX_NAME, {"metadata": {}})
+    if ck.sharded:
+        return IndexSpec(ck.index_name or INDEX_NAME, dict(ck.index or {}))
+    return None
+
+
+class ByteProgress:
+    """Progress over bytes written: tqdm when installed and ``stream`` is a terminal, a plain
+    one-line bar on a terminal otherwise, nothing when ``stream`` is None or not a terminal."""
+
+    def __init__(self, total: int, stream: TextIO | None, label: str = "writing"):
+        self.total = max(1, total)
+        self.done = 0
+        self.stream = stream if stream is not None and getattr(stream, "isatty", lambda: False)() else None
+        self._bar: Any = None
+        self._last = -1
+        if self.stream is not None:
+            try:
+                from tqdm import tqdm  # optional (the "demo" extra)
+
+                self._bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label, file=self.stream, leave=False)
+            except ImportError:
+                self._bar = None
+        self.label = label
+
+    def advance(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.stream is None:
+            return
+        if self._bar is not None:
+            self._bar.update(nbytes)
+            return
+        pct = int(100 * self.done / self.total)
+        if pct != self._last:
+            self._last = pct
+            bar = "#" * (pct * 30 // 100)
+            self.stream.write(f"\r{self.label} [{bar:<30}] {pct:3d}% {self.done / 1e6:,.1f}/{self.total / 1e6:,.1f} MB")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is None:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        else:
+            self.stream.write("\r" + " " * 79 + "\r")
+            self.stream.flush()
+
+
+def stderr_notice(message: str) -> None:
+    print(f"qformat: {message}", file=sys.stderr)
+
+
+def release_after(release: Callable[[], None] | None, progress: ByteProgress) -> Callable[[Any], None]:
+    """The writer's per-tensor callback: advance the bar, drop the source's mapped pages."""
+
+    def written(spec: Any) -> None:
+        progress.advance(spec.nbytes)
+        if release is not None:
+            release()
+
+    return written

@@ -1,0 +1,296 @@
+"""Writing whole checkpoints, streaming: plan every file first, then produce tensors one by one.
+
+A checkpoint is planned from :class:`~qformat.container.TensorSpec` s (name, dtype, shape)
+before any tensor body exists: which file each tensor goes to, every file's header and size,
+the index.  Then each file is written in header order, each tensor body produced by its own
+callable only when its turn comes, written in bounded chunks and released, so peak memory is
+bounded by the largest tensor, not by the checkpoint.  Everything is written into a
+temporary file or folder beside the destination, each file is verified (``verify``), and
+only then is the result moved into place in one rename; on any failure nothing is left
+behind and an existing destination is unchanged.
+
+Interruptions: Ctrl-C (KeyboardInterrupt) or any other exception removes the temporary folder.
+A hard kill cannot, so the folder records who writes it (``.qformat-writer.json``: process id,
+host, destination); the next write into the same folder finds temporary folders whose writer
+is gone (:func:`stale_temporaries`), removes them and reports each through ``notice``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from . import container
+from .atomic import atomic_write, default_mode
+from .container import FilePlan, TensorSpec, plan_file
+from .errors import error
+
+#: Prefix of the temporary folder a checkpoint is written into, beside the destination.
+TEMP_PREFIX = ".qformat-convert-"
+#: The file inside that folder naming its writer (removed before the folder becomes the destination).
+MARKER = ".qformat-writer.json"
+
+#: The error code for a destination that cannot be used (exists without overwrite, wrong kind, no folder).
+DESTINATION_ERROR = "CONVERT_DESTINATION_INVALID"
+
+
+@dataclass(frozen=True)
+class OutTensor:
+    """One tensor of an output file: its spec and a callable producing its array (lazily)."""
+
+    spec: TensorSpec
+    produce: Callable[[], np.ndarray]
+
+
+@dataclass
+class OutFile:
+    """One output file: its name (relative to the destination folder), ``__metadata__``
+    (None for none), its tensors (any order: the plan sorts them) and the logical tensor names
+    it holds, which the index's ``weight_map`` also lists."""
+
+    name: str
+    metadata: dict[str, str] | None
+    tensors: list[OutTensor] = field(default_factory=list)
+    logical: list[str] = field(default_factory=list)
+
+    #: Tensors produced together (all components of one encoded tensor): each group's
+    #: producer runs once and its arrays are written at their planned offsets.
+    groups: list["OutGroup"] = field(default_factory=list)
+
+    def plan(self) -> FilePlan:
+        return plan_file([t.spec for t in self.tensors], self.metadata)
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(t.spec.nbytes for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class OutGroup:
+    """Tensors of one file made by one call: ``produce()`` returns every one of ``names``."""
+
+    names: tuple[str, ...]
+    produce: Callable[[], Mapping[str, np.ndarray]]
+
+
+@dataclass
+class IndexSpec:
+    """The ``*.safetensors.index.json`` to write: its file name and every member but
+    ``weight_map`` (``metadata.total_size`` is set to the bytes of all tensor data)."""
+
+    name: str = "model.safetensors.index.json"
+    base: dict[str, Any] = field(default_factory=dict)
+
+
+def check_destination(dst: str, as_folder: bool, overwrite: bool) -> None:
+    """Refuse a destination that exists (unless ``overwrite``), is of the wrong kind, or whose
+    folder does not exist (``CONVERT_DESTINATION_INVALID``)."""
+    if os.path.exists(dst) and not overwrite:
+        raise error(DESTINATION_ERROR, f"{dst} exists; pass --overwrite to replace it")
+    if os.path.exists(dst) and as_folder != os.path.isdir(dst):
+        raise error(DESTINATION_ERROR, f"{dst} is a {'file' if as_folder else 'folder'}, expected a {'folder' if as_folder else 'file'} for this source")
+    parent = os.path.dirname(dst)
+    if not os.path.isdir(parent):
+        raise error(DESTINATION_ERROR, f"the destination's folder {parent} does not exist")
+
+
+def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, as_folder: bool, overwrite: bool = False,
+                     side_files: Iterable[str] = (), index: IndexSpec | None = None,
+                     verify: Callable[[str], None] | None = None,
+                     written: Callable[[TensorSpec], None] | None = None,
+                     file_done: Callable[[str, int], None] | None = None,
+                     extra_files: Mapping[str, bytes] | None = None,
+                     notice: Callable[[str], None] | None = None) -> list[str]:
+    """Write ``files`` (in the order given) as a checkpoint at ``dst``; returns the paths written.
+
+    ``as_folder`` False: exactly one file, written to ``dst`` itself.  Otherwise ``dst`` is a
+    folder holding the files, copies of ``side_files`` (paths) and, with ``index``, an index
+    whose ``weight_map`` maps every stored and logical tensor name to its file.  ``verify(path)``
+    runs on each written file before anything is moved into place; ``written(spec)`` after each
+    tensor body (release source pages there); ``file_done(name, nbytes)`` after each file.
+    ``extra_files`` (folder only): more files by name and content (a rewritten config.json),
+    written after the side files.  ``notice(message)`` reports temporary folders of killed
+    writers found (and removed) beside the destination.
+    """
+    dst = os.path.abspath(os.fspath(dst))
+    files = list(files)
+    check_destination(dst, as_folder, overwrite)
+    if not as_folder and len(files) != 1:
+        raise error(DESTINATION_ERROR, f"a single-file destination needs exactly one file, the plan has {len(files)}")
+    plans = [f.plan() for f in files]  # every header before any body
+    parent = os.path.dirname(dst)
+    clean_stale(parent, notice)
+    tmp = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=parent)
+    try:
+        _mark(tmp, dst)
+        for f, plan in zip(files, plans):
+            path = os.path.join(tmp, f.name)
+            producers = {t.spec.name: t.produce for t in f.tensors}
+            if f.groups:
+                write_grouped(path, plan, producers, f.groups, written)
+            else:
+                write_planned(path, plan, lambda s, p=producers: p[s.name](), written)
+            if verify is not None:
+                verify(path)
+            if file_done is not None:
+                file_done(f.name, plan.data_bytes)
+        os.unlink(os.path.join(tmp, MARKER))
+        if not as_folder:
+            os.replace(os.path.join(tmp, files[0].name), dst)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return [dst]
+        os.chmod(tmp, default_mode(folder=True))  # mkdtemp made it 0700
+        for p in side_files:
+            shutil.copyfile(p, os.path.join(tmp, os.path.basename(p)))
+        for n, data in (extra_files or {}).items():
+            with open(os.path.join(tmp, n), "wb") as fh:
+                fh.write(data)
+        if index is not None:
+            _write_index(os.path.join(tmp, index.name), files, plans, index)
+        if os.path.exists(dst):
+            old = tempfile.mkdtemp(prefix=".qformat-old-", dir=parent)
+            os.rmdir(old)
+            os.replace(dst, old)
+            os.replace(tmp, dst)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [os.path.join(dst, f.name) for f in files]
+
+
+def _mark(tmp: str, dst: str) -> None:
+    with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as fh:
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(), "destination": dst, "started": time.time()}, fh)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def stale_temporaries(parent: str) -> list[tuple[str, str]]:
+    """Temporary folders in ``parent`` left by a writer that is gone: (path, destination).
+
+    A folder counts when its marker names a process of this host that no longer runs.  A
+    folder without a readable marker (or of another host, or of a running process) is left
+    alone: it may belong to a write in progress."""
+    out = []
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return out
+    for n in names:
+        path = os.path.join(parent, n)
+        if not n.startswith(TEMP_PREFIX) or not os.path.isdir(path):
+            continue
+        try:
+            with open(os.path.join(path, MARKER), encoding="utf-8") as fh:
+                m = json.load(fh)
+            pid, host, dest = int(m["pid"]), str(m["host"]), str(m.get("destination", "?"))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if host == socket.gethostname() and pid != os.getpid() and not _alive(pid):
+            out.append((path, dest))
+    return out
+
+
+def clean_stale(parent: str, notice: Callable[[str], None] | None = None) -> list[str]:
+    """Remove the temporary folders of killed writers in ``parent`` (:func:`stale_temporaries`),
+    reporting each through ``notice``; returns the folders removed."""
+    removed = []
+    for path, dest in stale_temporaries(parent):
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+        if notice is not None:
+            notice(f"removed {path}, the temporary folder of an interrupted write of {dest}")
+    return removed
+
+
+def write_grouped(path: str, plan: FilePlan, producers: Mapping[str, Callable[[], np.ndarray]],
+                  groups: Iterable[OutGroup], written: Callable[[TensorSpec], None] | None = None) -> None:
+    """Write a planned file whose tensors come in groups (every component of one encoded
+    tensor from one encoding): walking the planned order, the first tensor of a group not yet
+    written makes the whole group, and each of its arrays is written at its planned offset,
+    then dropped.  Memory holds one group at a time whatever the order of the header."""
+    by_name = {}
+    for g in groups:
+        for n in g.names:
+            by_name[n] = g
+    offsets, off = {}, len(plan.header)
+    for t in plan.order:
+        offsets[t.name] = off
+        off += t.nbytes
+    done: set[str] = set()
+    specs = {s.name: s for s in plan.order}
+    with atomic_write(path, "wb") as f:
+        f.write(plan.header)
+        f.truncate(plan.size)
+        for t in plan.order:
+            if t.name in done:
+                continue
+            g = by_name.get(t.name)
+            if g is None:
+                arrays: Mapping[str, Any] = {t.name: producers[t.name]()}
+            else:
+                arrays = g.produce()
+                if set(arrays) != set(g.names):
+                    raise error("SAVE_INVALID", f"produced tensors {sorted(arrays)}, planned {sorted(g.names)}", tensor=t.name)
+            for n in list(arrays):
+                f.seek(offsets[n])
+                container.write_array(f, container.checked_array(specs[n], arrays[n]))
+                done.add(n)
+                if written is not None:
+                    written(specs[n])
+            del arrays
+
+
+def write_planned(path: str, plan: FilePlan, produce: Callable[[TensorSpec], np.ndarray],
+                  written: Callable[[TensorSpec], None] | None = None) -> None:
+    """One file of the checkpoint (:func:`qformat.container.write_planned`)."""
+    container.write_planned(path, plan, produce, written)
+
+
+def _write_index(path: str, files: list[OutFile], plans: list[FilePlan], spec: IndexSpec) -> None:
+    weight_map: dict[str, str] = {}
+    for f in files:
+        for t in f.tensors:
+            weight_map[t.spec.name] = f.name
+        for n in f.logical:
+            weight_map.setdefault(n, f.name)
+    idx = {k: v for k, v in spec.base.items() if k != "weight_map"}
+    md = dict(idx.get("metadata") or {}) if isinstance(idx.get("metadata"), dict) else {}
+    md["total_size"] = sum(p.data_bytes for p in plans)
+    idx["metadata"] = md
+    idx["weight_map"] = dict(sorted(weight_map.items()))
+    with atomic_write(path, "w", encoding="utf-8") as fh:
+        json.dump(idx, fh, indent=2, ensure_ascii=False)
+        fh.write("\n")
+
+
+def arrays_file(name: str, arrays: Mapping[str, np.ndarray], metadata: dict[str, str] | None) -> OutFile:
+    """An :class:`OutFile` over arrays already in memory (storage dtypes)."""
+    from . import dtypes as _dt
+
+    out = OutFile(name, metadata)
+    for n, a in arrays.items():
+        st = _dt.storage_name(a.dtype)
+        if st is None:
+            raise error("SAVE_INVALID", f"array dtype {a.dtype} has no safetensors dtype", tensor=n)
+        out.tensors.append(OutTensor(TensorSpec(n, st, tuple(a.shape)), lambda a=a: a))
+    return out

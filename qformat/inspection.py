@@ -1,0 +1,399 @@
+"""``qformat inspect``: what is inside a checkpoint, from its headers alone.
+
+:func:`inspect_checkpoint` opens a qformat or plain safetensors file, a folder, a sharded
+index, a GGUF file, or any source checkpoint that ``qformat convert`` detects (read through
+its converter in memory: nothing is written), and lists every tensor a reader returns with
+its logical shape and dtype, scheme, element encoding, block size, layout, stored bytes and
+bits per weight (parameters included), then totals and a per-scheme summary.
+
+Only headers and metadata are read: no tensor payload of a qformat, plain safetensors or GGUF
+file is touched, so the answer comes in milliseconds whatever the checkpoint's size.  Some
+converters of other formats read a few small tensors to describe the source (bitsandbytes'
+``quant_state`` JSON blobs, GPTQ's ``g_idx``, a compressed-tensors shape tensor, torchao zero
+points, an MLX global scale); GGUF files are described from their tensor infos alone.
+
+The module is named ``inspection`` so that it never shadows the standard library's ``inspect``.
+:func:`open_checkpoint` is also what ``qformat diff`` reads through (:mod:`qformat.diff`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import dtypes as _dt
+from .descriptor import Blocks, Descriptor, parse_descriptor
+from .elements import Element
+from .errors import QFormatError, error
+from .model import METADATA_KEY, required_version
+from .sources import TensorInfo
+
+#: The version of ``qformat inspect --json``'s output; bumped only when a member changes meaning
+#: or disappears (new members may be added without a bump).
+FORMAT_VERSION = 1
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sort key ordering ``layer.2`` before ``layer.10``."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+# -- opening anything readable ---------------------------------------------------------------
+class Opened:
+    """A checkpoint of any readable kind, opened without reading tensor payload.
+
+    ``kind`` is ``"qformat"`` (files with qformat descriptors), ``"safetensors"`` (plain files),
+    or ``"source"`` (read through the converter ``source_format``, GGUF included).  The
+    converter's description is made on first use of :attr:`described` (for GGUF this reads
+    the block scales; :func:`inspect_checkpoint` does not use it for GGUF files).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], from_format: str | None = None):
+        from . import convert as cv
+        from .convert.base import Checkpoint
+
+        self.path = os.fspath(path)
+        if os.path.isfile(self.path) and self.path.endswith(".json") and not self.path.endswith(".safetensors.index.json"):
+            raise error("FILE_UNREADABLE", f"{self.path!r} is a JSON file but not a sharded checkpoint index (*.safetensors.index.json)")
+        self.ck = Checkpoint(self.path)
+        if from_format is not None:
+            self.converter = cv.get(from_format)
+        elif self.ck.kind == "gguf":
+            self.converter = cv.get("gguf")
+        else:
+            try:
+                self.converter = cv.detect(self.ck)
+            except QFormatError as e:
+                if e.code != "CONVERT_FORMAT_UNKNOWN":
+                    raise
+                self.converter = None  # a plain safetensors checkpoint
+        name = None if self.converter is None else self.converter.name
+        self.kind = "safetensors" if name is None else ("qformat" if name == "qformat" else "source")
+        self.source_format = name if self.kind == "source" else None
+        self._described: Any = None
+
+    @property
+    def described(self) -> Any:
+        """The converter's :class:`~qformat.convert.base.Described` (empty for a plain checkpoint)."""
+        if self._described is None:
+            from .convert.base import Described
+
+            self._described = Described() if self.converter is None else self.converter.describe(self.ck)
+        return self._described
+
+    @property
+    def files(self) -> list[str]:
+        return list(self.ck.files)
+
+    def file_bytes(self) -> int:
+        return sum(os.path.getsize(os.path.join(self.ck.folder, f)) for f in self.ck.files)
+
+    def info(self, name: str) -> TensorInfo | None:
+        """A stored tensor's dtype and shape: a source tensor or one the converter adds."""
+        d = self.described
+        if name in d.added:
+            return d.added.info(name)
+        if name in d.plain:
+            return d.plain.info(name)
+        return self.ck.info(name) if self.ck.kind == "safetensors" else None
+
+    def array(self, name: str) -> np.ndarray:
+        """A stored tensor (memory-mapped source tensor, or the converter's addition produced now)."""
+        d = self.described
+        c = d.added.get_component(name) or d.plain.get_component(name)
+        return c.produce() if c is not None else self.ck.array(name)
+
+    def descriptors(self) -> dict[str, Descriptor]:
+        """Every logical tensor's parsed descriptor (schema-checked; SCHEMA_VIOLATION etc. raised)."""
+        return {n: parse_descriptor(n, raw) for n, raw in self.described.tensors()}
+
+    def plain_names(self, descs: dict[str, Descriptor]) -> list[str]:
+        """Stored tensors that no descriptor references: they read as they are stored."""
+        d = self.described
+        referenced = {ref for desc in descs.values() for _, ref in desc.references()}
+        out = []
+        if self.ck.kind == "safetensors":
+            out += [n for n in self.ck.names() if n not in referenced and n not in d.dropped]
+        out += [n for n in d.added if n not in referenced]
+        out += list(d.plain)
+        return out
+
+    def spec_versions(self) -> list[str]:
+        """The qformat versions the files declare (qformat), or a conversion would record (sources)."""
+        if self.kind == "qformat":
+            found = set()
+            for f in self.ck.files:
+                text = self.ck.metadata(f).get(METADATA_KEY)
+                if text is None:
+                    continue
+                try:
+                    v = json.loads(text).get("version")
+                except (ValueError, AttributeError):
+                    v = None
+                if isinstance(v, str):
+                    found.add(v)
+            return sorted(found)
+        if self.kind == "source":
+            return [required_version(dict(self.described.tensors()))] if self.source_format != "gguf" else ["1.0"]
+        return []
+
+    def release(self) -> None:
+        """Drop the resident pages of the source's memory maps (bounded memory while streaming)."""
+        self.ck.release()
+
+
+def open_checkpoint(path: str | os.PathLike[str], from_format: str | None = None) -> Opened:
+    """Open ``path`` (any kind ``qformat inspect`` reads) without reading tensor payload."""
+    return Opened(path, from_format)
+
+
+# -- describing tensors --------------------------------------------------------------------
+def element_text(e: Element) -> str:
+    """A short name of an element encoding: ``int4 twos_complement``, ``e4m3fn``, ``codebook4 nf4``."""
+    if e.type == "int":
+        s = f"int{e.bits} {e.signedness}"
+        if e.code_offset:
+            s += f" offset {e.code_offset}"
+        if e.frac_bits:
+            s += f" frac {e.frac_bits}"
+        return s
+    if e.type == "float":
+        return str(e.format)
+    return f"codebook{e.bits} {e.table if e.table else 'in-file'}"
+
+
+def blocks_text(b: Blocks, shape: tuple[int, ...]) -> str:
+    """A short name of a block: ``32`` (along the last axis), ``128x128``, ``channel``, ``tensor``,
+    ``flat 64``, ``32 g_idx`` (groups of 32 on average, chosen by a group index)."""
+    if b.type == "flat":
+        return f"flat {b.size}"
+    size = list(b.size)  # type: ignore[arg-type]
+    eff = [n if s is None else min(int(s), n) for s, n in zip(size, shape)]
+    if b.index is not None:
+        return f"{-(-shape[b.index.axis] // max(1, b.index.count))} g_idx"
+    if all(e == n for e, n in zip(eff, shape)):
+        return "tensor"
+    if len(shape) >= 2 and all(e == 1 for e in eff[:-1]) and eff[-1] == shape[-1]:
+        return "channel"
+    if all(e == 1 for e in eff[:-1]):
+        return str(eff[-1])
+    if len(shape) >= 2 and eff[-1] == shape[-1] and all(e == 1 for e in eff[:-2]):
+        return f"{eff[-2]} along axis {len(shape) - 2}"
+    return "x".join(str(e) for e in eff)
+
+
+def _main_param(d: Descriptor) -> Any:
+    return d.scale or d.zero or d.bias
+
+
+def derived_scheme(d: Descriptor) -> str:
+    """A description of a descriptor without a ``scheme`` member: element, then block."""
+    p = _main_param(d)
+    e = d.codes.element
+    s = f"int{e.bits}" if e.type == "int" else (str(e.format) if e.type == "float" else f"codebook{e.bits}")
+    if p is not None:
+        g = blocks_text(p.blocks, d.shape)
+        s += " " + ({"channel": "per channel", "tensor": "per tensor"}.get(g) or (f"g{g}" if g[0].isdigit() and " " not in g.split(" g_idx")[0] else g))
+    if d.zero is not None:
+        s += " asym"
+    return s
+
+
+def _nbytes(i: TensorInfo) -> int:
+    return -(-math.prod(i.shape) * _dt.storage_bits(i.dtype) // 8)
+
+
+@dataclass
+class TensorRow:
+    """One tensor as ``qformat inspect`` lists it."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    quantized: bool
+    scheme: str | None
+    scheme_source: str | None  # "descriptor" (its scheme member) or "derived"; None for plain tensors
+    element: str
+    block: dict[str, Any] | None
+    granularity: str | None
+    layout: str | None
+    stored_bytes: int
+    bits_per_weight: float | None
+    components: list[str] = field(default_factory=list)
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": self.shape, "dtype": self.dtype, "quantized": self.quantized,
+                "scheme": self.scheme, "scheme_source": self.scheme_source, "element": self.element,
+                "block": self.block, "granularity": self.granularity, "layout": self.layout,
+                "elements": self.elements, "stored_bytes": self.stored_bytes, "bits_per_weight": _round(self.bits_per_weight),
+                "components": self.components}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _bpw(nbytes: int, elements: int) -> float | None:
+    return nbytes * 8 / elements if elements else None
+
+
+def _quantized_row(name: str, d: Descriptor, info: Any) -> TensorRow:
+    comps = list(dict.fromkeys(ref for _, ref in d.references()))
+    nbytes = 0
+    for c in comps:
+        i = info(c)
+        if i is None:
+            raise error("COMPONENT_MISSING", f"the descriptor references {c!r}, which is not in the checkpoint", tensor=name)
+        nbytes += _nbytes(i)
+    p = _main_param(d)
+    return TensorRow(name, list(d.shape), d.dtype, True, d.scheme or derived_scheme(d), "descriptor" if d.scheme else "derived",
+                     element_text(d.codes.element), p.blocks.to_dict() if p is not None else None,
+                     blocks_text(p.blocks, d.shape) if p is not None else None, d.layout, nbytes,
+                     _bpw(nbytes, math.prod(d.shape)), comps)
+
+
+def plain_dtype(storage: str) -> str:
+    """The NumPy-style name of a safetensors dtype (``F32`` -> ``float32``; ``F4`` stays ``F4``)."""
+    from . import tables
+
+    return tables.dtypes()[storage].get("numpy") or storage
+
+
+def _plain_row(name: str, i: TensorInfo) -> TensorRow:
+    nbytes = _nbytes(i)
+    return TensorRow(name, list(i.shape), plain_dtype(i.dtype), False, None, None, i.dtype, None, None, None, nbytes,
+                     _bpw(nbytes, math.prod(i.shape)), [name])
+
+
+def _gguf_rows(o: Opened) -> Iterator[TensorRow]:
+    """GGUF tensors from the tensor infos alone (no block is read): the scheme and element the
+    converter gives them (SPEC.md Appendix C.1), the GGUF file's own bytes."""
+    from .convert import gguf as g
+    from .convert.gguf_file import GGUFFile
+
+    f = GGUFFile(os.path.join(o.ck.folder, o.ck.files[0]))
+    try:
+        for t in f.tensors.values():
+            n = math.prod(t.shape)
+            if t.ggml_type in g.PLAIN:
+                st = _dt.storage_name(g.PLAIN[t.ggml_type]) or t.type_name
+                yield TensorRow(t.name, list(t.shape), plain_dtype(st), False, None, None, t.type_name, None, None, None, t.nbytes, _bpw(t.nbytes, n), [t.name])
+                continue
+            spec = g.TYPES.get(t.ggml_type)
+            if spec is None:
+                yield TensorRow(t.name, list(t.shape), "float32", True, "gguf_" + t.type_name.lower(), "derived",
+                                f"{t.type_name} (no qformat mapping)", None, None, "gguf_blocks", t.nbytes, _bpw(t.nbytes, n), [t.name])
+                continue
+            el = "codebook4 e2m1 (gguf)" if spec.name == "MXFP4" else element_text(Element.from_dict(spec.codes.element()))
+            gran = str(spec.block) + (f" (sub-blocks of {spec.sub})" if spec.sub else "")
+            block = {"type": "grid", "size": [1] * (len(t.shape) - 1) + [spec.sub or spec.block]}
+            yield TensorRow(t.name, list(t.shape), "float32", True, "gguf_" + spec.name.lower(), "descriptor", el, block, gran,
+                            "gguf_blocks", t.nbytes, _bpw(t.nbytes, n), [t.name])
+    finally:
+        del f
+
+
+@dataclass
+class Inspection:
+    """What ``qformat inspect`` reports about one checkpoint (:meth:`to_dict` is the ``--json`` output)."""
+
+    path: str
+    kind: str
+    source_format: str | None
+    spec_versions: list[str]
+    files: list[str]
+    file_bytes: int
+    tensors: list[TensorRow]
+
+    def totals(self) -> dict[str, Any]:
+        q = [t for t in self.tensors if t.quantized]
+        el = sum(t.elements for t in self.tensors)
+        qel = sum(t.elements for t in q)
+        nb = sum(t.stored_bytes for t in self.tensors)
+        qnb = sum(t.stored_bytes for t in q)
+        return {"tensors": len(self.tensors), "quantized": len(q), "plain": len(self.tensors) - len(q),
+                "elements": el, "stored_bytes": nb, "bits_per_weight": _round(_bpw(nb, el)),
+                "quantized_elements": qel, "quantized_stored_bytes": qnb, "quantized_bits_per_weight": _round(_bpw(qnb, qel))}
+
+    def schemes(self) -> list[dict[str, Any]]:
+        """One entry per (scheme, element, granularity) of the quantized tensors, then per plain dtype."""
+        groups: dict[tuple[bool, str, str, str], list[TensorRow]] = {}
+        for t in self.tensors:
+            groups.setdefault((not t.quantized, t.scheme or "plain", t.element, t.granularity or ""), []).append(t)
+        out = []
+        for key in sorted(groups):
+            rows = groups[key]
+            el, nb = sum(t.elements for t in rows), sum(t.stored_bytes for t in rows)
+            out.append({"scheme": key[1], "element": key[2], "granularity": key[3] or None, "quantized": rows[0].quantized,
+                        "tensors": len(rows), "elements": el,
+                        "stored_bytes": nb, "bits_per_weight": _round(_bpw(nb, el))})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format_version": FORMAT_VERSION, "path": self.path, "kind": self.kind, "source_format": self.source_format,
+                "spec_version": self.spec_versions[0] if len(self.spec_versions) == 1 else (self.spec_versions or None),
+                "files": self.files, "file_bytes": self.file_bytes, "totals": self.totals(), "schemes": self.schemes(),
+                "tensors": [t.to_dict() for t in self.tensors]}
+
+    def lines(self) -> list[str]:
+        """The text report: a header, one row per tensor, the per-scheme summary and totals."""
+        what = {"qformat": "qformat checkpoint", "safetensors": "plain safetensors checkpoint",
+                "source": f"{self.source_format} checkpoint (read through qformat convert; nothing written)"}[self.kind]
+        ver = ", ".join(self.spec_versions) if self.spec_versions else "-"
+        out = [f"{self.path}: {what}",
+               f"  {len(self.files)} file(s), {self.file_bytes / 1e6:,.1f} MB; qformat spec version {ver}"
+               + (" (as converted)" if self.kind == "source" else ""), ""]
+        cols = ["tensor", "shape", "dtype", "scheme", "element", "block", "layout", "bits/w", "bytes"]
+        rows = [[t.name, "x".join(map(str, t.shape)) or "scalar", t.dtype, t.scheme or "plain", t.element, t.granularity or "-",
+                 t.layout or "-", "-" if t.bits_per_weight is None else f"{t.bits_per_weight:.2f}", f"{t.stored_bytes:,}"] for t in self.tensors]
+        out += text_table(cols, rows, right={7, 8})
+        out.append("")
+        srows = [[s["scheme"], s["element"], s["granularity"] or "-", str(s["tensors"]), f"{s['elements']:,}", f"{s['stored_bytes']:,}",
+                  "-" if s["bits_per_weight"] is None else f"{s['bits_per_weight']:.2f}"] for s in self.schemes()]
+        out += text_table(["scheme", "element", "block", "tensors", "elements", "bytes", "bits/w"], srows, right={3, 4, 5, 6})
+        t = self.totals()
+        qbpw = "-" if t["quantized_bits_per_weight"] is None else f"{t['quantized_bits_per_weight']:.2f}"
+        bpw = "-" if t["bits_per_weight"] is None else f"{t['bits_per_weight']:.2f}"
+        out += ["", f"total: {t['tensors']} tensors ({t['quantized']} quantized, {t['plain']} plain), {t['elements']:,} elements, "
+                f"{t['stored_bytes']:,} bytes stored; {bpw} bits/weight overall, {qbpw} over quantized tensors"]
+        return out
+
+
+def text_table(cols: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    """Rows of plain text under a header line: columns padded to width, ``right`` aligned right."""
+    w = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(cols)]
+
+    def fmt(r: list[str]) -> str:
+        return "  ".join(v.rjust(w[i]) if i in right else v.ljust(w[i]) for i, v in enumerate(r)).rstrip()
+
+    return [fmt(cols), "-" * len(fmt(["-" * x for x in w]))] + [fmt(r) for r in rows]
+
+
+def inspect_checkpoint(path: str | os.PathLike[str], from_format: str | None = None) -> Inspection:
+    """Describe the checkpoint at ``path`` from its headers (see the module docstring).
+
+    Raises :class:`~qformat.errors.QFormatError` (FILE_UNREADABLE, a container code,
+    CONVERT_SOURCE_INVALID, ...) when the path cannot be read as any checkpoint.
+    """
+    o = open_checkpoint(path, from_format)
+    if o.source_format == "gguf":
+        rows = list(_gguf_rows(o))
+    else:
+        descs = o.descriptors()
+        rows = [_quantized_row(n, d, o.info) for n, d in descs.items()]
+        for n in o.plain_names(descs):
+            i = o.info(n)
+            assert i is not None
+            rows.append(_plain_row(n, i))
+    rows.sort(key=lambda r: natural_key(r.name))
+    return Inspection(os.fspath(path), o.kind, o.source_format, o.spec_versions(), o.files, o.file_bytes(), rows)
