@@ -538,6 +538,190 @@ def bench_scaling(run: Run, sizes_mb: list[int]) -> None:
         gc.collect()
 
 
+# -- whole checkpoints (issue 11, item 7) --------------------------------------------------------
+CKPT_CHILD = r"""
+import json, sys, time
+import qformat.cli, qformat.convert, qformat.check, qformat.checkpoint_quantize, qformat.checkpoint_dequantize
+def hwm():  # this process's peak resident set (VmHWM); reset before each command
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
+for args in json.loads(sys.argv[1]):
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS (Linux)
+    t0 = time.perf_counter()
+    rc = qformat.cli.main(args)
+    dt = time.perf_counter() - t0
+    print(json.dumps({"args": args, "rc": rc, "seconds": dt, "maxrss_kb": hwm()}), flush=True)
+"""
+
+
+def _ckpt_children(commands: list[list[str]], one_each: bool) -> list[dict[str, Any]]:
+    """Run qformat CLI commands in child interpreters (one each, or all in one for --quick);
+    each result has the command's own seconds (imports excluded) and its peak RSS."""
+    out = []
+    for batch in ([[c] for c in commands] if one_each else [commands]):
+        r = subprocess.run([sys.executable, "-c", CKPT_CHILD, json.dumps(batch)], capture_output=True, text=True,
+                           cwd=str(Path(__file__).resolve().parents[1]))
+        _require(r.returncode == 0, r.stderr[-2000:])
+        res = [json.loads(line) for line in r.stdout.splitlines() if line.startswith('{"args"')]
+        _require(len(res) == len(batch) and all(x["rc"] == 0 for x in res), (res, r.stderr[-2000:]))
+        out += res
+    return out
+
+
+def _tree_bytes(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path) if n.endswith(".safetensors"))
+
+
+def _copy_seconds(path: str, tmp: str, reps: int) -> float:
+    """Best of ``reps`` plain copies (shutil.copyfile: the kernel's copy) of a file or folder's files."""
+    import shutil
+
+    files = [path] if os.path.isfile(path) else sorted(os.path.join(path, n) for n in os.listdir(path))
+    dst = os.path.join(tmp, "copy-of-source")
+    best = float("inf")
+    for _ in range(reps):
+        os.makedirs(dst, exist_ok=True)
+        os.sync()  # start from no dirty pages, as each command does (writeback throttling is noise)
+        t0 = time.perf_counter()
+        for f in files:
+            shutil.copyfile(f, os.path.join(dst, os.path.basename(f)))
+        best = min(best, time.perf_counter() - t0)
+        shutil.rmtree(dst)
+    return best
+
+
+def _ckpt_sources(tmp: str, nbytes: int, quick: bool) -> dict[str, str]:
+    """Synthetic sources of about ``nbytes`` each, written one tensor at a time from one random
+    tensor reused (speed does not depend on the values): a plain fp16 checkpoint in two shards
+    (quantize), a qformat int4 g32 checkpoint in two shards with fp16 tensors beside (in place,
+    --repack, check), and a GGUF of Q4_0, Q8_0 and Q4_K tensors (convert)."""
+    import gguf
+
+    from qformat.container import write_file
+
+    rng = np.random.default_rng(11)
+    rows, cols = (64, 256) if quick else (4096, 4096)
+    out: dict[str, str] = {}
+    # plain fp16 "Llama" checkpoint: projection weights, an embedding, norms
+    w = (rng.standard_normal((rows, cols), np.float32) * 0.02).astype(np.float16)
+    n = max(2, round(nbytes / w.nbytes))
+    folder = os.path.join(tmp, "plain")
+    os.makedirs(folder)
+    wm: dict[str, str] = {}
+    for s, layers in enumerate((range(0, n // 2), range(n // 2, n))):
+        fname = f"model-{s + 1:05d}-of-00002.safetensors"
+        arrays = {f"model.layers.{i}.mlp.down_proj.weight": w for i in layers}
+        arrays.update({f"model.layers.{i}.input_layernorm.weight": np.ones(cols, np.float16) for i in layers})
+        if s == 0:
+            arrays["model.embed_tokens.weight"] = w.reshape(rows * 2, cols // 2)  # not the projections' shape (a tied head would be kept)
+        write_file(os.path.join(folder, fname), arrays, {"format": "pt"})
+        wm.update({k: fname for k in arrays})
+    Path(folder, "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    Path(folder, "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float16"}))
+    out["plain"] = folder
+    # qformat int4 g32 checkpoint (codes + fp16 scales) with fp16 tensors beside
+    qrows, qcols = (rows * 2, cols * 2)
+    codes = rng.integers(0, 256, (qrows, qcols // 2), dtype=np.uint8)
+    scale = (rng.random((qrows, qcols // 32), np.float32) * 0.01 + 1e-3).astype(np.float16)
+    per = codes.nbytes + scale.nbytes + w.nbytes
+    n = max(2, round(nbytes / per))
+    folder = os.path.join(tmp, "int4")
+    os.makedirs(folder)
+    wm = {}
+    for s, layers in enumerate((range(0, n // 2), range(n // 2, n))):
+        fname = f"model-{s + 1:05d}-of-00002.safetensors"
+        arrays, descs = {}, {}
+        for i in layers:
+            q = f"model.layers.{i}.mlp.down_proj.weight"
+            arrays[q + ".codes"], arrays[q + ".scale"] = codes, scale
+            arrays[f"model.layers.{i}.self_attn.o_proj.weight"] = w
+            descs[q] = {"shape": [qrows, qcols], "dtype": "bfloat16",
+                        "codes": {"tensor": q + ".codes", "element": {"type": "int", "bits": 4, "signedness": "twos_complement"}, "packing": _pk()},
+                        "scale": {"blocks": {"type": "grid", "size": [1, 32]}, "op": "multiply", "tensor": q + ".scale"}}
+        write_file(os.path.join(folder, fname), arrays, {"qformat": json.dumps({"version": "1.0", "tensors": descs})})
+        wm.update({k: fname for k in list(arrays) + list(descs)})
+    Path(folder, "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    Path(folder, "config.json").write_text(json.dumps({"model_type": "llama"}))
+    out["int4"] = folder
+    # GGUF: Q4_0, Q8_0 and Q4_K tensors in turn (random blocks, finite fp16 scales)
+    path = os.path.join(tmp, "model.gguf")
+    gw = gguf.GGUFWriter(path, arch="llama")
+    T = gguf.GGMLQuantizationType
+    kinds = []
+    for name, bs, ts, d in (("Q4_0", 32, 18, (0,)), ("Q8_0", 32, 34, (0,)), ("Q4_K", 256, 144, (0, 2))):
+        raw = rng.integers(0, 256, (qrows, qcols // bs * ts), dtype=np.uint8)
+        for off in d:
+            raw.reshape(qrows, -1, ts)[:, :, off + 1] &= 0x3B  # exponent below Inf/NaN
+        kinds.append((name, raw))
+    per = sum(r.nbytes for _, r in kinds) / len(kinds)
+    for i in range(max(3, round(nbytes / per))):
+        name, raw = kinds[i % 3]
+        gw.add_tensor(f"blk.{i}.ffn_down.weight", raw, raw_dtype=getattr(T, name))
+    gw.add_tensor("output_norm.weight", np.ones(cols, np.float32))
+    gw.write_header_to_file()
+    gw.write_kv_data_to_file()
+    gw.write_tensors_to_file()
+    gw.close()
+    out["gguf"] = path
+    return out
+
+
+def bench_checkpoint(run: Run, tmp: str, sizes_gb: list[float]) -> None:
+    """Whole-checkpoint commands (qformat quantize, dequantize, convert, check) on synthetic
+    sources of each size: MB/s of source bytes, the ratio to a plain copy of the same source
+    measured just before (x copy: copy seconds / command seconds), and the child's peak RSS.
+    Seconds are the command's own (in the child, after its imports)."""
+    import shutil
+
+    for gb in sizes_gb:
+        base = os.path.join(tmp, f"ckpt-{gb}")
+        os.makedirs(base)
+        t0 = time.perf_counter()
+        src = _ckpt_sources(base, int(gb * 2**30), run.quick)
+        sizes = {k: _tree_bytes(v) for k, v in src.items()}
+        print(f"\n[checkpoint {gb} GB] sources: " + ", ".join(f"{k} {v / MB:.0f} MB" for k, v in sizes.items())
+              + f" (built in {time.perf_counter() - t0:.0f} s)", flush=True)
+        o = lambda n: os.path.join(base, n)  # noqa: E731
+        q4 = o("q-int4")
+        ops = [  # (row name, source key or path, command)
+            ("quantize int4 g32", "plain", ["quantize", "--quiet", src["plain"], q4, "--scheme", "int", "--bits", "4", "--group-size", "32"]),
+            ("quantize nf4", "plain", ["quantize", "--quiet", src["plain"], o("q-nf4"), "--scheme", "nf4"]),
+            ("dequantize (int4 g32 -> fp16)", q4, ["dequantize", "--quiet", q4, o("dq"), "--dtype", "float16"]),
+            ("convert GGUF (Q4_0, Q8_0, Q4_K)", "gguf", ["convert", "--quiet", src["gguf"], o("g.safetensors")]),
+            ("convert in place (qformat, sharded)", "int4", ["convert", "--quiet", src["int4"], o("ip")]),
+            ("convert --repack (qformat, sharded)", "int4", ["convert", "--quiet", "--repack", src["int4"], o("rp")]),
+            ("check (payload)", "int4", ["check", *sorted(os.path.join(src["int4"], n) for n in os.listdir(src["int4"]) if n.endswith(".safetensors"))]),
+        ]
+        results = []
+        if run.quick:  # one child for every command, copies measured after
+            res = _ckpt_children([c for _, _, c in ops], one_each=False)
+            results = [(n, src.get(k, k), _copy_seconds(src.get(k, k), base, 1), r) for (n, k, _), r in zip(ops, res)]
+        for name, key, cmd in ([] if run.quick else ops):
+            path = src.get(key, key)
+            copy_s = _copy_seconds(path, base, 1 if gb >= 2 else 2)
+            os.sync()
+            results.append((name, path, copy_s, _ckpt_children([cmd], one_each=True)[0]))
+            if name.startswith(("dequantize", "convert")):
+                for n in ("dq", "g.safetensors", "ip", "rp"):
+                    if os.path.exists(o(n)):
+                        shutil.rmtree(o(n)) if os.path.isdir(o(n)) else os.remove(o(n))
+        for name, path, copy_s, r in results:
+            nbytes = _tree_bytes(path)
+            row = {"section": "checkpoint", "name": f"{name}, {gb:g} GB", "op": name, "size_GB": gb, "src_MB": nbytes / MB,
+                   "seconds": r["seconds"], "MBps": nbytes / MB / r["seconds"], "copy_seconds": copy_s,
+                   "x_copy": copy_s / r["seconds"], "peak_rss_MB": r["maxrss_kb"] / 1024}
+            run.rows.append(row)
+            print(f"  {row['name']:<46} {nbytes / MB:8.0f} MB {r['seconds']:8.2f} s {row['MBps']:8.1f} MB/s "
+                  f"{row['x_copy']:6.3f}x copy  peak RSS {row['peak_rss_MB']:6.0f} MB", flush=True)
+        if not run.quick:
+            for name, req in (("convert GGUF (Q4_0, Q8_0, Q4_K)", 0.2), ("convert in place (qformat, sharded)", 0.5), ("convert --repack (qformat, sharded)", 0.2)):
+                r = next(x for x in run.rows if x["section"] == "checkpoint" and x["name"] == f"{name}, {gb:g} GB")
+                run.target(f"{name}, {gb:g} GB: x copy", r["x_copy"], req)
+        shutil.rmtree(base)
+
+
 def _targets_from_rows(run: Run) -> None:
     def get(section: str, name: str) -> dict[str, Any]:
         return next(r for r in run.rows if r["section"] == section and r["name"] == name)
@@ -559,12 +743,75 @@ def _targets_from_rows(run: Run) -> None:
             run.target(f"load int4 -> bf16 ({cache}): {who.split('(')[0]} x safetensors bf16", get(f"load to bf16 ({cache} page cache)", who)["x_vs"], 1.0)
 
 
+# -- encoders (issue 11, item 4) ------------------------------------------------------------------
+ENCODE_CASES = [
+    ("int4 g32 sym (fp16 scale)", "int", {"bits": 4, "group_size": 32}),
+    ("int8 per channel", "int", {"bits": 8, "group_size": None}),
+    ("int4 g128 asym", "int", {"bits": 4, "group_size": 128, "symmetric": False}),
+    ("nf4 b64", "nf4", {}), ("nf4 b64 double quant", "nf4", {"double_quant": True}),
+    ("fp8_e4m3 per channel", "fp8_e4m3", {}), ("fp8_e5m2 per channel", "fp8_e5m2", {}),
+    ("mxfp4", "mxfp4", {}), ("mxfp6_e2m3", "mxfp6_e2m3", {}), ("mxfp8_e4m3", "mxfp8_e4m3", {}), ("mxint8", "mxint8", {}),
+    ("nvfp4", "nvfp4", {}), ("codebook 16 b64", "codebook", {"values": [float(v) for v in np.linspace(-1, 1, 16)]}),
+]
+
+
+def _sqnr(x: np.ndarray, y: Any) -> float:
+    x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    return float(10 * np.log10(np.sum(x64 * x64) / np.sum((x64 - y64) ** 2)))
+
+
+def bench_encode(run: Run, rows: int, cols: int) -> None:
+    """qformat's encoders against gguf-py's NumPy Q4_0 quantize and bitsandbytes' CPU
+    quantize_4bit on the same float32 data: values/s, ratios in this run, SQNR of each."""
+    import bitsandbytes.functional as bnbf
+    import gguf
+    import torch
+
+    x = (np.random.default_rng(0).standard_normal((rows, cols)) * 0.02).astype(np.float32)
+    n = x.size
+    sec = "encode"
+    print(f"\n[encode] {rows}x{cols} float32 ({n * 4 / MB:.0f} MB in)", flush=True)
+    T = gguf.GGMLQuantizationType
+
+    def add(name: str, seconds: float, sqnr: float, **extra: Any) -> dict[str, Any]:
+        r = {"section": sec, "name": name, "ms": seconds * 1e3, "Mvalues_per_s": n / seconds / 1e6, "sqnr_dB": sqnr, **extra}
+        run.rows.append(r)
+        more = "".join(f"  {v:6.2f}x {k[2:]}" for k, v in extra.items() if k.startswith("x_"))
+        print(f"  {name:<44} {r['ms']:9.2f} ms {r['Mvalues_per_s']:8.1f} Mval/s  SQNR {sqnr:6.2f} dB{more}", flush=True)
+        return r
+
+    q40 = gguf.quants.quantize(x, T.Q4_0)
+    t_q40 = run.time(lambda: gguf.quants.quantize(x, T.Q4_0))
+    add("gguf-py quantize Q4_0", t_q40, _sqnr(x, gguf.quants.dequantize(q40, T.Q4_0)))
+    xt = torch.from_numpy(x)
+    packed, state = bnbf.quantize_4bit(xt, blocksize=64, quant_type="nf4", compress_statistics=False)
+    t_bnb = run.time(lambda: bnbf.quantize_4bit(xt, blocksize=64, quant_type="nf4", compress_statistics=False))
+    add("bitsandbytes quantize_4bit nf4 (CPU)", t_bnb, _sqnr(x, bnbf.dequantize_4bit(packed, state).numpy()))
+    for name, scheme, params in ENCODE_CASES:
+        qt = qformat.quantize(x, scheme, **params)
+        t = run.time(lambda: qformat.quantize(x, scheme, **params), max(1, min(run.reps, 3)))
+        add(f"qformat {name}", t, _sqnr(x, qt.dequantize()), x_vs_q4_0=t_q40 / t, x_vs_bnb=t_bnb / t)
+        if not run.quick:
+            req = 1.0 if scheme == "int" and name.startswith("int4 g32") else 0.5
+            if scheme == "nf4" and "double" not in name:
+                run.target(f"encode {name}: x bitsandbytes quantize_4bit", t_bnb / t, 1.0)
+            else:
+                run.target(f"encode {name}: x gguf-py Q4_0", t_q40 / t, req)
+    if not run.quick:
+        ours = next(r for r in run.rows if r["section"] == sec and r["name"].startswith("qformat int4 g32"))
+        theirs = next(r for r in run.rows if r["section"] == sec and r["name"] == "gguf-py quantize Q4_0")
+        run.target("encode int4 g32 SQNR - Q4_0 SQNR (dB)", ours["sqnr_dB"] - theirs["sqnr_dB"], 0.0, unit="dB")
+    del x
+    gc.collect()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (the test suite's smoke run)")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per row (default 7; --quick 1)")
     ap.add_argument("--json", default="bench/results.json", help="where to write the results")
-    ap.add_argument("--only", default="decode,gguf,nf4,load,check,memory,scaling", help="comma-separated sections")
+    ap.add_argument("--only", default="decode,gguf,nf4,load,check,memory,scaling,checkpoint,encode", help="comma-separated sections")
+    ap.add_argument("--checkpoint-gb", default="0.5,1,2,4", help="source sizes of the checkpoint section (GiB, comma-separated)")
     ap.add_argument("--check-gb", type=float, default=4.0, help="size of the checked file (GiB)")
     ap.add_argument("--tmp", default=None, help="folder for the big temporary files (default: the system's)")
     a = ap.parse_args(argv)
@@ -592,6 +839,10 @@ def main(argv: list[str] | None = None) -> int:
             bench_memory(run, tmp, *((64, 256) if a.quick else (65536, 4096)))
         if "scaling" in only:
             bench_scaling(run, [1, 4] if a.quick else [1, 4, 16, 64, 256, 1024, 2048])
+        if "encode" in only:
+            bench_encode(run, *((64, 256) if a.quick else (4096, 4096)))
+        if "checkpoint" in only:
+            bench_checkpoint(run, tmp, [0.002] if a.quick else [float(x) for x in a.checkpoint_gb.split(",")])
     if not a.quick and {"decode", "gguf", "nf4", "load"} <= only:
         _targets_from_rows(run)
     print("\n[targets]")

@@ -22,7 +22,7 @@ import numpy as np
 from . import cases_errors, cases_layouts, cases_valid  # noqa: F401  (register the cases)
 from .build import CASES, Built, seed_of, st_file
 
-CORPUS_VERSION = "1.1.0"
+CORPUS_VERSION = "1.1.1"
 SPEC_VERSION = "1.1"
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v1")
 

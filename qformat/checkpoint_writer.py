@@ -48,6 +48,8 @@ class OutTensor:
 
     spec: TensorSpec
     produce: Callable[[], np.ndarray]
+    #: (path, offset) of the tensor's bytes, unchanged, in another file: copied file to file.
+    copy_from: tuple[str, int] | None = None
 
 
 @dataclass
@@ -137,7 +139,8 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
             if f.groups:
                 write_grouped(path, plan, producers, f.groups, written)
             else:
-                write_planned(path, plan, lambda s, p=producers: p[s.name](), written)
+                copies = {t.spec.name: t.copy_from for t in f.tensors if t.copy_from is not None}
+                write_planned(path, plan, lambda s, p=producers: p[s.name](), written, copies)
             if verify is not None:
                 verify(path)
             if file_done is not None:
@@ -261,9 +264,11 @@ def write_grouped(path: str, plan: FilePlan, producers: Mapping[str, Callable[[]
 
 
 def write_planned(path: str, plan: FilePlan, produce: Callable[[TensorSpec], np.ndarray],
-                  written: Callable[[TensorSpec], None] | None = None) -> None:
-    """One file of the checkpoint (:func:`qformat.container.write_planned`)."""
-    container.write_planned(path, plan, produce, written)
+                  written: Callable[[TensorSpec], None] | None = None,
+                  copy_from: Mapping[str, tuple[str, int]] | None = None) -> None:
+    """One file of the checkpoint (:func:`qformat.container.write_planned`; ``copy_from``:
+    tensors whose bytes are copied file to file from ``(path, offset)``)."""
+    container.write_planned(path, plan, produce, written, copy_from)
 
 
 def _write_index(path: str, files: list[OutFile], plans: list[FilePlan], spec: IndexSpec) -> None:

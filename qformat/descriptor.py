@@ -1,8 +1,12 @@
-"""Descriptors: frozen dataclasses for the qformat object, and their semantic validation.
+"""Descriptors: frozen dataclasses for the qformat object, parsed from schema-valid JSON.
 
-Structure is checked by the JSON Schema first (:func:`schema_problems`); the dataclasses are
-built only from schema-valid dicts; :func:`validate_descriptor` then checks everything that
-depends on the logical shape and on the component tensors (SPEC.md, "Validation").
+Structure is checked by the JSON Schema first (:func:`parse_descriptor`, :func:`schema_code`);
+the dataclasses are built only from schema-valid dicts; :mod:`qformat.validate` then checks
+everything that depends on the logical shape and on the component tensors (SPEC.md,
+"Validation").
+
+Names used throughout the package: ``raw`` is a descriptor as JSON (a dict, as stored in the
+file), ``desc`` the parsed :class:`Descriptor`, ``prm`` one :class:`Param`.
 """
 
 from __future__ import annotations

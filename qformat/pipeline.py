@@ -34,6 +34,9 @@ class Component:
 
     spec: TensorSpec
     produce: Callable[[], np.ndarray]
+    #: Where the component's bytes already sit, unchanged, in a file: (path, offset); the
+    #: writer then copies them file to file (``os.copy_file_range``) instead of producing them.
+    copy_from: tuple[str, int] | None = None
 
     @property
     def info(self) -> TensorInfo:
@@ -134,7 +137,7 @@ def plan(outputs: Iterable[tuple[Item, Output]], order: Iterable[str] | None = N
     for item, out in outputs:
         files = stored.setdefault(item.file, {})
         for k, c in out.components.items():
-            files[k] = c if c.spec.name == k else Component(TensorSpec(k, c.spec.dtype, c.spec.shape), c.produce)
+            files[k] = c if c.spec.name == k else Component(TensorSpec(k, c.spec.dtype, c.spec.shape), c.produce, c.copy_from)
         if out.descriptor is not None:
             descs.setdefault(item.file, {})[item.name] = out.descriptor
     first = [f for f in (order or []) if f in stored]
@@ -163,7 +166,7 @@ def run(plan_: Plan, dst: str | os.PathLike[str], metadata: Callable[[str, dict[
     files = []
     for f in plan_.order:
         out = OutFile(f, metadata(f, plan_.descriptors[f]) or None, logical=list(plan_.descriptors[f]))
-        out.tensors = [OutTensor(c.spec, c.produce) for c in plan_.stored[f].values()]
+        out.tensors = [OutTensor(c.spec, c.produce, c.copy_from) for c in plan_.stored[f].values()]
         files.append(out)
     return write_checkpoint(dst, files, as_folder=as_folder, overwrite=overwrite, side_files=side_files, index=index,
                             verify=verify, written=(lambda _s: release()) if release is not None else None, file_done=file_done)

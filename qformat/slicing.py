@@ -316,12 +316,12 @@ def slice_qtensor(desc: Descriptor, src: Source, region: Any) -> tuple[dict[str,
 
 
 def _slice(desc: Descriptor, src: Source, reg: Region, out: _Out) -> dict[str, Any]:
-    d = desc.to_dict()
-    d["shape"] = [hi - lo for lo, hi in reg]
-    d["codes"] = _slice_codes(desc, src, reg, out)
+    raw = desc.to_dict()
+    raw["shape"] = [hi - lo for lo, hi in reg]
+    raw["codes"] = _slice_codes(desc, src, reg, out)
     for prm in desc.params():
-        d[prm.role] = _slice_param(desc, prm, src, reg, out)
-    return d
+        raw[prm.role] = _slice_param(desc, prm, src, reg, out)
+    return raw
 
 
 def _slice_codes(desc: Descriptor, src: Source, reg: Region, out: _Out) -> dict[str, Any]:

@@ -183,7 +183,10 @@ class Checkpoint:
         i = self.info(name)
         if i is None:
             raise source_error(f"tensor {name!r} is not in the checkpoint", tensor=name)
-        return Component(TensorSpec(name, i.dtype, tuple(i.shape)), lambda: self.array(name))
+        f = self._where[name]
+        h = self._headers[f]
+        where = (os.path.join(self.folder, f), h.data_start + h.entries[name].begin)
+        return Component(TensorSpec(name, i.dtype, tuple(i.shape)), lambda: self.array(name), where)
 
     def track(self, mm: mmap.mmap) -> None:
         """Have :meth:`release` drop the resident pages of another memory map of the source."""
@@ -329,7 +332,7 @@ class Described:
         if name in self.added:
             raise KeyError(f"tensor {name!r} added twice")
         if isinstance(array, Component):
-            self.added[name] = Component(TensorSpec(name, array.spec.dtype, array.spec.shape), array.produce)
+            self.added[name] = Component(TensorSpec(name, array.spec.dtype, array.spec.shape), array.produce, array.copy_from)
         else:
             self.added[name] = np.asarray(array)
         return name

@@ -51,7 +51,8 @@ import numpy as np
 from .. import dtypes as _dt
 from ..packing import Packing
 from ..pipeline import Component
-from ..schemes._common import codes_entry, pack, packing
+from ..schemes._common import codes_entry, packing
+from ._fastpack import describe_parts, extract, extract_packed, pack_canonical
 from .base import Checkpoint, Converter, Described, lazy, source_error, unsupported
 from .gguf_file import GGML_TYPES, KV, GGUFFile, TensorInfo
 
@@ -86,7 +87,19 @@ class _Field:
     def element(self) -> dict[str, Any]:
         return {"type": "int", "bits": self.bits, "signedness": self.signedness}
 
+    def __post_init__(self) -> None:
+        # The bit map compiled into runs of consecutive bytes (read as slices, scalar shifts).
+        object.__setattr__(self, "_runs", describe_parts(self.parts))
+
     def extract(self, blocks: np.ndarray) -> np.ndarray:
+        return extract(blocks, int(self.parts[0][0].size), self._runs)  # type: ignore[attr-defined]
+
+    def extract_packed(self, blocks: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """The canonical packing of the codes (of logical ``shape``), made in row chunks."""
+        return extract_packed(blocks, int(self.parts[0][0].size), self._runs, shape, self.bits)  # type: ignore[attr-defined]
+
+    def extract_reference(self, blocks: np.ndarray) -> np.ndarray:
+        """The same codes by per-element gathers (the definition :meth:`extract` is tested against)."""
         out = np.zeros((blocks.shape[0], self.parts[0][0].size), np.uint8)
         for byte, shift, width, dest in self.parts:
             mask = ((1 << width.astype(np.int64)) - 1).astype(np.uint8)
@@ -182,7 +195,8 @@ class GGUF(Converter):
         out = Described()
         for t in f.tensors.values():
             if t.ggml_type in PLAIN:
-                out.plain[t.name] = _lazy(PLAIN[t.ggml_type], t.shape, lambda t=t: f.raw(t.name).view(PLAIN[t.ggml_type]).reshape(t.shape))
+                c = _lazy(PLAIN[t.ggml_type], t.shape, lambda t=t: f.raw(t.name).view(PLAIN[t.ggml_type]).reshape(t.shape))
+                out.plain[t.name] = Component(c.spec, c.produce, (f.path, t.start))  # little-endian bytes, as stored
             elif t.ggml_type in TYPES:
                 try:
                     _describe(out, t, lambda t=t: f.raw(t.name))
@@ -219,7 +233,7 @@ def _packed(shape: Any, bits: int, codes: Callable[[], np.ndarray]) -> Component
     """The canonical packing of ``codes()`` (of ``shape``), made when written."""
     shape = tuple(shape)
     words = Packing.from_dict(packing(len(shape))).words_per_row(shape[-1], bits)
-    return lazy("U8", shape[:-1] + (words,), lambda: pack(codes(), bits))
+    return lazy("U8", shape[:-1] + (words,), lambda: pack_canonical(codes(), bits))
 
 
 def _describe(out: Described, t: TensorInfo, raw: Callable[[], np.ndarray]) -> None:
@@ -237,18 +251,22 @@ def _describe(out: Described, t: TensorInfo, raw: Callable[[], np.ndarray]) -> N
         return raw().reshape(-1, spec.size)
 
     def f16(off: int) -> Callable[[], np.ndarray]:
-        return lambda: np.ascontiguousarray(blocks()[:, off : off + 2]).view("<f2").reshape(lead + (K // spec.block,))
+        # every block size and f16 offset is even: one strided uint16 gather, not 2-byte runs
+        return lambda: np.ascontiguousarray(blocks().view("<u2")[:, off // 2]).view("<f2").reshape(lead + (K // spec.block,))
 
     def codes() -> np.ndarray:
         return spec.codes.extract(blocks()).reshape(shape)
 
     desc: dict[str, Any] = {"shape": list(shape), "dtype": "float32", "scheme": "gguf_" + spec.name.lower()}
     params: list[Callable[[], np.ndarray]] = []
+    offsets = [o for o in (spec.d, spec.m, spec.dmin) if o is not None]  # the f16 block parameters
     if spec.name == "MXFP4":
         _mxfp4(out, name, desc, codes, lambda: blocks()[:, spec.d].reshape(lead + (K // 32,)), lead + (K // 32,), r)
         out.descriptors[name] = desc
         return
-    desc["codes"] = codes_entry(out.add(name + ".codes", _packed(shape, spec.codes.bits, codes)), spec.codes.element(), r)
+    words = Packing.from_dict(packing(r)).words_per_row(K, spec.codes.bits)
+    fused = lazy("U8", lead + (words,), lambda: spec.codes.extract_packed(blocks(), shape))
+    desc["codes"] = codes_entry(out.add(name + ".codes", fused), spec.codes.element(), r)
     d = f16(spec.d)
     params.append(d)
     pshape = lead + (K // spec.block,)
@@ -264,7 +282,8 @@ def _describe(out: Described, t: TensorInfo, raw: Callable[[], np.ndarray]) -> N
         per = spec.block // spec.sub
 
         def nested(role: str, field: Any, sup: Callable[[], np.ndarray]) -> dict[str, Any]:
-            c = _packed(nested_shape, field.bits, lambda: field.extract(blocks()).reshape(nested_shape))
+            c = lazy("U8", tuple(nested_shape[:-1]) + (Packing.from_dict(packing(r)).words_per_row(nested_shape[-1], field.bits),),
+                     lambda: field.extract_packed(blocks(), tuple(nested_shape)))
             return {"shape": nested_shape, "dtype": "float32",
                     "codes": codes_entry(out.add(f"{name}.{role}.codes", c), field.element(), r),
                     "scale": {"blocks": _grid(r, per), "op": "multiply", "tensor": out.add(f"{name}.{role}.scale", _lazy("<f2", pshape, sup))}}
@@ -275,7 +294,7 @@ def _describe(out: Described, t: TensorInfo, raw: Callable[[], np.ndarray]) -> N
             dmin = f16(spec.dmin)
             params.append(dmin)
             desc["bias"] = {"blocks": _grid(r, spec.sub), "op": "subtract", "encoded": nested("bias", spec.mins, dmin)}
-    if not all(bool(np.isfinite(p()).all()) for p in params):
+    if not all(bool(np.isfinite(blocks().view("<u2")[:, off // 2].view("<f2")).all()) for off in offsets):
         # gguf-py decodes non-finite scales as IEEE arithmetic says; so does qformat, and the flag
         # keeps `qformat check` from reporting what the source itself holds.
         desc["allow_nonfinite_params"] = True

@@ -22,7 +22,8 @@ from ..descriptor import Descriptor, Param
 from ..errors import error
 from ..packing import Packing
 from ..pipeline import Component, Item, Output, Transform
-from ..schemes._common import codes_entry, pack, packing
+from ..schemes._common import codes_entry, packing
+from ._fastpack import canonical_copy, pack_canonical
 from ..sources import Source, TensorInfo
 
 
@@ -92,7 +93,19 @@ def _packed_shape(shape: tuple[int, ...], bits: int) -> tuple[int, ...]:
     return s[:-1] + (Packing.from_dict(packing(len(s))).words_per_row(s[-1], bits),)
 
 
+def _file_range(src: Any, name: str) -> tuple[str, int] | None:
+    """Where the source tensor ``name`` sits byte for byte in a file (None when unknown)."""
+    component = getattr(src, "component", None)
+    if component is None:
+        return None
+    try:
+        return component(name).copy_from  # type: ignore[no-any-return]
+    except Exception:  # noqa: BLE001 - not a stored tensor of a file: produce it instead
+        return None
+
+
 def _repack(prefix: str, desc: Descriptor, src: Source, comps: dict[str, Component], renamed: dict[str, str]) -> dict[str, Any]:
+    original = desc
     desc, get_src, infos = _canonical(desc, src)
     el = desc.codes.element
     element = el.to_dict()
@@ -101,13 +114,27 @@ def _repack(prefix: str, desc: Descriptor, src: Source, comps: dict[str, Compone
     codes_name = f"{prefix}.codes"
     cdesc = desc
 
-    def codes() -> np.ndarray:
-        return pack(read_codes(cdesc, get_src(), full_region(cdesc.shape)), el.bits)
+    out_shape = _packed_shape(tuple(desc.shape), el.bits)
+    # Codes already in the canonical packing (a qformat file, a GGUF conversion) are the same
+    # bytes with the padding bits of each row cleared: no unpacking (tests/convert/test_fastpack.py).
+    stored = infos.info(desc.codes.tensor)
+    as_is = (len(desc.shape) >= 1 and desc.codes.packing == Packing.from_dict(packing(len(desc.shape)))
+             and stored is not None and stored.dtype == "U8" and math.prod(stored.shape) == math.prod(out_shape))
 
-    comps[codes_name] = Component(TensorSpec(codes_name, "U8", _packed_shape(tuple(desc.shape), el.bits)), codes)
+    where = None
+    if as_is and desc is original and (desc.shape[-1] * el.bits) % 8 == 0:
+        where = _file_range(src, desc.codes.tensor)  # no padding bits: the very bytes of the source
+
+    def codes() -> np.ndarray:
+        if as_is:
+            words = np.asarray(get_src().array(cdesc.codes.tensor)).reshape(out_shape)
+            return canonical_copy(words, cdesc.shape[-1], el.bits)
+        return pack_canonical(read_codes(cdesc, get_src(), full_region(cdesc.shape)), el.bits)
+
+    comps[codes_name] = Component(TensorSpec(codes_name, "U8", out_shape), codes, where)
     d: dict[str, Any] = {"shape": list(desc.shape), "dtype": desc.dtype, "codes": codes_entry(codes_name, element, len(desc.shape))}
     for p in desc.params():
-        d[p.role] = _param(prefix, desc, p, src, get_src, infos, comps, renamed)
+        d[p.role] = _param(prefix, desc, p, src, get_src, infos, comps, renamed, direct=desc is original)
     if desc.allow_nonfinite_params:
         d["allow_nonfinite_params"] = True
     if desc.scheme is not None:
@@ -118,7 +145,7 @@ def _repack(prefix: str, desc: Descriptor, src: Source, comps: dict[str, Compone
 
 
 def _param(prefix: str, desc: Descriptor, p: Param, src: Source, get_src: Callable[[], Source], infos: Any,
-           comps: dict[str, Component], renamed: dict[str, str]) -> dict[str, Any]:
+           comps: dict[str, Component], renamed: dict[str, str], direct: bool = False) -> dict[str, Any]:
     blocks = p.blocks.to_dict()
     if p.blocks.index is not None:
         blocks["index"]["tensor"] = _copy(get_src, infos, p.blocks.index.tensor, f"{prefix}.group_index", comps, renamed)
@@ -142,7 +169,9 @@ def _param(prefix: str, desc: Descriptor, p: Param, src: Source, get_src: Callab
         return np.ascontiguousarray(v)
 
     # np.ascontiguousarray makes a 0-d array 1-d: a rank-0 parameter is stored with shape [1] (as always).
-    comps[pname] = Component(TensorSpec(pname, _info(infos, tensor)[0], grid or (1,)), values)
+    same = direct and tuple(order) == tuple(range(len(grid))) and math.prod(grid) == math.prod(_info(infos, tensor)[1] or (1,))
+    where = _file_range(src, tensor) if same else None  # stored in grid order: the source's bytes
+    comps[pname] = Component(TensorSpec(pname, _info(infos, tensor)[0], grid or (1,)), values, where)
     out["tensor"] = pname
     return out
 

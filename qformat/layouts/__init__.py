@@ -164,14 +164,14 @@ def canonical_view(desc: Descriptor, src: Source) -> tuple[Descriptor, Source]:
 def to_canonical(descriptor: Mapping[str, Any], components: Mapping[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """A descriptor dict in a device layout and its components -> the same tensor in layout
     ``canonical`` (component names and dtypes kept, bit-exact: the decoded values are equal)."""
-    d = dict(descriptor)
-    desc = Descriptor.from_dict(d)
+    raw = dict(descriptor)
+    desc = Descriptor.from_dict(raw)
     if desc.layout == CANONICAL:
-        return d, dict(components)
+        return raw, dict(components)
     comps = dict(components)
     comps.update(canonical_arrays(desc, lambda nm: comps[nm]))
-    d.pop("layout", None)
-    return d, comps
+    raw.pop("layout", None)
+    return raw, comps
 
 
 def to_layout(descriptor: Mapping[str, Any], components: Mapping[str, np.ndarray], name: str,
@@ -225,16 +225,16 @@ def required_version(descriptors: Iterable[Any]) -> str:
     best = 0
     stack = list(descriptors)
     while stack:
-        d = stack.pop()
-        if hasattr(d, "to_dict"):
-            d = d.to_dict()
-        if not isinstance(d, Mapping):
+        raw = stack.pop()
+        if hasattr(raw, "to_dict"):
+            raw = raw.to_dict()
+        if not isinstance(raw, Mapping):
             continue
-        lay = d.get("layout")
+        lay = raw.get("layout")
         if isinstance(lay, Mapping) and lay.get("name") in tables.layouts():
             best = max(best, _minor(since(str(lay["name"]))))
         for role in ("zero", "scale", "bias"):
-            p = d.get(role)
+            p = raw.get(role)
             if isinstance(p, Mapping) and isinstance(p.get("encoded"), Mapping):
                 stack.append(p["encoded"])
     return f"1.{best}"

@@ -8,6 +8,8 @@ picks are the best ones *for the values a reader will actually decode*.
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Sequence, overload
 
 import numpy as np
@@ -16,6 +18,12 @@ from .. import dtypes as _dt
 from .. import tables
 from ..errors import error
 from ..packing import Packing, pack_rows
+
+#: Worker threads of :func:`map_chunks` (NumPy releases the GIL in large operations).  The
+#: result never depends on it: every encoder works on independent rows (groups / blocks).
+THREADS = max(1, min(os.cpu_count() or 1, 8))
+#: Elements per chunk of :func:`map_chunks` (a few float32 / float64 temporaries stay in cache).
+CHUNK_ELEMENTS = 1 << 16
 
 #: Smallest positive binary32 (a subnormal); the floor of every scale that must not be zero.
 F32_TINY = float(np.float32(2.0**-149))
@@ -78,6 +86,21 @@ def check_axis(name: str, value: Any, rank: int) -> int | None:
             raise bad_param(name, "-1 or 0 for a rank-0 array", value)
         return None
     return check_int(name, value, -rank, rank - 1) % rank
+
+
+# -- chunks ---------------------------------------------------------------------------------------
+def map_chunks(fn, n: int, row_elements: int, chunk: int | None = None) -> list[Any]:  # type: ignore[no-untyped-def]
+    """``[fn(lo, hi) for each row range]`` over ``n`` independent rows of ``row_elements``
+    elements, about ``chunk`` (default :data:`CHUNK_ELEMENTS`) elements per call, in order,
+    on up to :data:`THREADS` threads.  ``fn`` must treat each row on its own (no reduction
+    across rows), so the concatenated result is the same for every chunk size and thread
+    count.  n == 0 still calls ``fn(0, 0)`` once (empty results keep their shapes)."""
+    step = max(1, (chunk or CHUNK_ELEMENTS) // max(1, row_elements))
+    bounds = [(i, min(i + step, n)) for i in range(0, n, step)] or [(0, 0)]
+    if THREADS <= 1 or len(bounds) == 1:
+        return [fn(a, b) for a, b in bounds]
+    with ThreadPoolExecutor(min(THREADS, len(bounds))) as ex:
+        return list(ex.map(lambda ab: fn(*ab), bounds))
 
 
 # -- dtypes -----------------------------------------------------------------------------------
@@ -233,6 +256,12 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     c = np.asarray(codes, np.uint8)
     if c.ndim == 0:
         c = c.reshape(1)
+    if bits == 8:
+        return np.ascontiguousarray(c)
+    if bits == 4:  # the common case, directly: element 2k in the low nibble of byte k
+        if c.shape[-1] % 2:
+            c = np.concatenate([c, np.zeros(c.shape[:-1] + (1,), np.uint8)], axis=-1)
+        return c[..., 0::2] | (c[..., 1::2] << np.uint8(4))
     return pack_rows(c, bits, Packing.from_dict(packing(c.ndim)))
 
 

@@ -1,0 +1,48 @@
+"""Encoders give the same bytes whatever the thread count or chunk size (issue 11, item 4).
+
+Every scheme's encoder works on independent rows (groups / blocks), chunked and spread over
+threads by ``qformat.schemes._common.map_chunks``; the result must not depend on either.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qformat.schemes
+from qformat.schemes import _common, int_, quantize
+
+_PARAMS = {"codebook": {"values": [-1.0, -0.4, 0.0, 0.3, 1.0]}}
+_EXTRA = {"int": [{}, {"bits": 8, "group_size": None}, {"symmetric": False, "axis": 0, "group_size": 3},
+                  {"scale_dtype": "float32", "dtype": "bfloat16"}]}
+
+
+def _data(shape: tuple[int, ...]) -> np.ndarray:
+    rng = np.random.default_rng(11)
+    return (rng.standard_normal(shape) * np.exp(rng.uniform(-2, 2, shape[:1] + (1,) * (len(shape) - 1)))).astype(np.float32)
+
+
+@pytest.mark.parametrize("scheme", qformat.schemes.ids())
+@pytest.mark.parametrize("shape", [(67, 150), (3, 5, 40)], ids=["67x150", "3x5x40"])
+def test_same_bytes_for_every_thread_count_and_chunk_size(monkeypatch: pytest.MonkeyPatch, scheme: str, shape: tuple[int, ...]) -> None:
+    x = _data(shape)
+    for params in _EXTRA.get(scheme, [_PARAMS.get(scheme, {})]):
+        monkeypatch.setattr(_common, "THREADS", 1)
+        monkeypatch.setattr(_common, "CHUNK_ELEMENTS", 1 << 24)
+        want = quantize(x, scheme, **params)
+        for threads, chunk in [(2, 64), (2, 1000), (3, 1), (1, 97)]:
+            monkeypatch.setattr(_common, "THREADS", threads)
+            monkeypatch.setattr(_common, "CHUNK_ELEMENTS", chunk)
+            monkeypatch.setattr(int_, "CHUNK_ELEMENTS", None)
+            got = quantize(x, scheme, **params)
+            assert got.descriptor == want.descriptor
+            assert set(got.components) == set(want.components)
+            for k, a in want.components.items():
+                b = got.components[k]
+                assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), (scheme, params, threads, chunk, k)
+
+
+def test_map_chunks_keeps_order_and_calls_empty_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_common, "THREADS", 2)
+    assert _common.map_chunks(lambda a, b: (a, b), 10, 3, chunk=7) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
+    assert _common.map_chunks(lambda a, b: (a, b), 0, 3) == [(0, 0)]
