@@ -573,3 +573,38 @@ def test_plan_refuses_what_quantize_refuses():
         with pytest.raises(qformat.QFormatError) as b:
             qformat.schemes.plan((4, 64), scheme, "float32", **params)
         assert a.value.code == b.value.code, (scheme, params)
+
+
+def _codes_by_hand(r: np.ndarray, fmt: str) -> np.ndarray:
+    """Bit patterns of values already representable in ``fmt`` (sign kept, -0 too), from the
+    format's fields in tables/float_formats.json: the transcription cast_codes must equal."""
+    spec = tables.float_formats()[fmt]
+    ne, m, bias = int(spec["exponent_bits"]), int(spec["mantissa_bits"]), int(spec["bias"])
+    a = np.abs(r)
+    normal = a >= 2.0 ** (1 - bias)
+    e = np.frexp(a)[1] - 1
+    ex = np.where(normal, e + bias, 0)
+    man = np.where(normal, np.ldexp(a, m - e) - 2**m, np.ldexp(a, m - (1 - bias)))
+    return ((np.signbit(r).astype(np.int64) << (ne + m)) | (ex.astype(np.int64) << m) | np.rint(man).astype(np.int64)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("fmt", ["e2m1fn", "e2m3fn", "e3m2fn", "e4m3fn", "e5m2"])
+def test_cast_codes_equals_rounding_by_hand(fmt):
+    """The encoders' one ml_dtypes cast (clip, round half to even) gives the codes of the
+    by-hand binary64 rounding (round_float), on every float32 sign/exponent/high-mantissa
+    pattern (with low bits around the halfway points) and on float64 ties and their neighbours."""
+    from qformat.schemes._common import cast_codes, round_float
+
+    hi = np.arange(1 << 16, dtype=np.uint32) << 16
+    low = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF], np.uint32)
+    f32 = (hi[:, None] | low[None, :]).reshape(-1).view(np.float32)
+    f32 = f32[np.isfinite(f32)]
+    fmax = float(tables.float_formats()[fmt]["max"])
+    rng = np.random.default_rng(0)
+    grid = np.ldexp(rng.integers(-64, 64, 1 << 16).astype(np.float64), rng.integers(-12, 4, 1 << 16))
+    f64 = np.concatenate([grid, grid + 2.0**-40, grid - 2.0**-40, rng.standard_normal(1 << 16) * fmax])
+    for y in (f32, f64):
+        want = _codes_by_hand(round_float(y, fmt), fmt)
+        got = cast_codes(y, fmt)
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, (fmt, y.dtype, y[bad[:5]], got[bad[:5]], want[bad[:5]])

@@ -12,6 +12,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Sequence, overload
 
+import ml_dtypes
 import numpy as np
 
 from .. import dtypes as _dt
@@ -233,16 +234,26 @@ def round_float(y: np.ndarray, fmt: str) -> np.ndarray:
     return np.ldexp(np.rint(np.ldexp(y, m - e)), e - m)
 
 
-def float_codes(r: np.ndarray, fmt: str) -> np.ndarray:
-    """Bit patterns (uint8) of values already representable in ``fmt`` (sign kept, -0 too)."""
-    ne, m, bias, _ = float_spec(fmt)
-    a = np.abs(r)
-    normal = a >= 2.0 ** (1 - bias)
-    e = np.frexp(a)[1] - 1
-    ex = np.where(normal, e + bias, 0)
-    man = np.where(normal, np.ldexp(a, m - e) - 2**m, np.ldexp(a, m - (1 - bias)))
-    code = (np.signbit(r).astype(np.int64) << (ne + m)) | (ex.astype(np.int64) << m) | np.rint(man).astype(np.int64)
-    return code.astype(np.uint8)
+#: ml_dtypes type of each float element format (codes are their bit patterns).
+ML_TYPES = {
+    "e2m1fn": ml_dtypes.float4_e2m1fn, "e2m3fn": ml_dtypes.float6_e2m3fn, "e3m2fn": ml_dtypes.float6_e3m2fn,
+    "e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
+}
+
+
+def cast_codes(y: np.ndarray, fmt: str) -> np.ndarray:
+    """Codes (uint8 bit patterns) of ``y`` rounded to ``fmt`` with saturation: clip to +-max,
+    then ml_dtypes' round-half-even conversion, which rounds float32 and float64 inputs directly
+    (no double rounding) and keeps the sign of zeros.  tests/test_schemes.py checks it against a
+    by-hand transcription (:func:`round_float`, then the bit fields) on every float32
+    exponent/high-mantissa pattern and on float64 ties, so an ml_dtypes change cannot go unseen.
+    """
+    fmax = float_spec(fmt)[3]
+    y = np.asarray(y)
+    if y.dtype not in (np.float32, np.float64):
+        y = y.astype(np.float64)
+    top = y.dtype.type(fmax)
+    return np.clip(y, -top, top).astype(ML_TYPES[fmt]).view(np.uint8)
 
 
 # -- codes ------------------------------------------------------------------------------------

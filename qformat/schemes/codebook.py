@@ -16,7 +16,7 @@ import numpy as np
 from ..qtensor import QTensor
 from .registry import Planned, register
 from ._common import (
-    bad_param, check_int, codes_entry, f32, fit_scale, flat_cells, pack, packed_shape, to_output, unflat,
+    bad_param, check_int, codes_entry, f32, fit_scale, flat_cells, map_chunks, pack, packed_shape, to_output, unflat,
 )
 
 
@@ -103,7 +103,9 @@ def encode(x: np.ndarray, *, dtype: str, values: Any = None, block_size: Any = 6
         s = np.where(amax > 0, fit_scale(amax, top), 0.0)
         comps["scale"] = s[:, 0].astype(np.float32)
         desc["scale"] = {"blocks": {"type": "flat", "size": bs}, "op": "multiply", "tensor": "scale"}
-    q = _nearest(xb, s, table, dtype)
+    # Each block on its own (a row of xb), so chunks of rows give the same codes.
+    parts = map_chunks(lambda lo, hi: _nearest(xb[lo:hi], s[lo:hi], table, dtype), xb.shape[0], xb.shape[1])
+    q = np.concatenate(parts) if len(parts) > 1 else parts[0]
     desc["scheme"] = "codebook"
     comps["codes"] = pack(unflat(q, x.shape), bits)
     return QTensor(desc, comps)

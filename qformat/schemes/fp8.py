@@ -17,7 +17,7 @@ import numpy as np
 from ..qtensor import QTensor
 from .registry import Planned, register
 from ._common import (
-    bad_param, cell_amax, cells, check_axis, check_choice, check_int, codes_entry, fit_scale, float_codes, float_spec, grid_array, grid_blocks, resolve_sizes, round_float, uncells,
+    bad_param, cast_codes, cell_amax, cells, check_axis, check_choice, check_int, codes_entry, fit_scale, float_spec, grid_array, grid_blocks, map_chunks, resolve_sizes, uncells,
 )
 
 _GRANULARITY = ("tensor", "channel", "block")
@@ -62,9 +62,19 @@ def _encode(fmt: str, x: np.ndarray, dtype: str, granularity: Any, axis: Any, bl
     rank = x.ndim
     sizes = _sizes(rank, granularity, axis, block_size)
     fmax = float_spec(fmt)[3]
-    xc = cells(x.astype(np.float64), sizes)
-    s = fit_scale(cell_amax(xc), fmax)
-    codes = float_codes(round_float(uncells(xc / s, x.shape), fmt), fmt)
+    # float16 / bfloat16 values are exact in binary32; the quotient below is float64, as ever.
+    xc = cells(x.astype(np.float64 if x.dtype == np.float64 else np.float32), sizes)
+    s = fit_scale(cell_amax(xc).astype(np.float64), fmax)
+    if rank:  # elementwise from here: chunks along the first axis of the cell view
+        sb = s.shape[0] > 1
+
+        def part(lo: int, hi: int) -> np.ndarray:
+            return cast_codes(xc[lo:hi].astype(np.float64) / (s[lo:hi] if sb else s), fmt)
+
+        parts = map_chunks(part, xc.shape[0], xc[:1].size)
+        codes = np.ascontiguousarray(uncells(np.concatenate(parts) if len(parts) > 1 else parts[0], x.shape))
+    else:
+        codes = cast_codes(xc.astype(np.float64) / s, fmt)
     desc = {
         "shape": list(x.shape), "dtype": dtype,
         "codes": codes_entry("codes", {"type": "float", "format": fmt}, rank),

@@ -23,7 +23,7 @@ from .. import tables
 from ..qtensor import QTensor
 from .registry import Planned, register
 from ._common import (
-    cell_amax, cells, check_int, codes_entry, emax, float_codes, grid_array, grid_blocks, pack, packed_shape, resolve_sizes, round_float, uncells,
+    cast_codes, cells, check_int, codes_entry, emax, grid_array, grid_blocks, map_chunks, pack, packed_shape, resolve_sizes, uncells,
 )
 
 #: scheme id -> element format name ("int8" for MXINT8).
@@ -42,21 +42,47 @@ def shared_exponent(amax: np.ndarray, fmt: str) -> np.ndarray:
     return np.where(amax > 0, np.clip(e, -127, 127), -127)
 
 
+def _blocks(scheme: str, xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes [n, bs] uint8 / int8, shared exponents [n]) of blocks ``xb`` [n, bs].
+
+    float32 inputs stay float32: x * 2^-e is exact there except below the binary32 normal
+    range, where it rounds to a value far under half the element format's smallest step, so
+    the code (a signed zero) is the same as from the exact float64 quotient.
+    """
+    fmt = FORMATS[scheme]
+    e = shared_exponent(np.max(np.abs(xb), axis=1, keepdims=True, initial=0).astype(np.float64), fmt)
+    if xb.dtype == np.float32:
+        y = xb * np.ldexp(1.0, -e).astype(np.float32)  # 2^-e, e in [-127, 127]: exact in binary32
+    else:
+        y = np.ldexp(xb, -e)  # exact: a power-of-two scaling in float64
+    if fmt == "int8":
+        c = np.clip(np.rint(np.ldexp(y.astype(np.float64), _INT8_FRAC)), -127, 127).astype(np.int8)
+    else:
+        c = cast_codes(y, fmt)
+    return c, e[:, 0]
+
+
 def _encode(scheme: str, x: np.ndarray, dtype: str, block_size: Any) -> QTensor:
     bs = check_int("block_size", block_size, 1)
     fmt = FORMATS[scheme]
     rank = x.ndim
     sizes: list[int | None] = [1] * (rank - 1) + [bs] if rank else []
-    xc = cells(x.astype(np.float64), sizes)
-    e = shared_exponent(cell_amax(xc), fmt)
-    y = uncells(np.ldexp(xc, -e), x.shape)  # exact: a power-of-two scaling in float64
+    # float16 / bfloat16 values are exact in binary32; float64 inputs keep float64.
+    xw = x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+    xc = cells(xw, sizes) if rank else xw.reshape(1, 1)
+    xb = xc.reshape(-1, xc.shape[-1])  # every cell axis but the last has extent 1
+    parts = map_chunks(lambda lo, hi: _blocks(scheme, xb[lo:hi]), xb.shape[0], xb.shape[1])
+    cb = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+    e = (np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]).reshape(xc.shape[:-1] + (1,))
+    y = uncells(cb.reshape(xc.shape), x.shape) if rank else cb.reshape(())
+    if not rank:
+        e = e.reshape(())
     if fmt == "int8":
         element: dict[str, Any] = {"type": "int", "bits": 8, "signedness": "twos_complement", "frac_bits": _INT8_FRAC}
-        codes: np.ndarray = np.clip(np.rint(np.ldexp(y, _INT8_FRAC)), -127, 127).astype(np.int8)
+        codes: np.ndarray = np.ascontiguousarray(y).reshape(x.shape)
     else:
         element = {"type": "float", "format": fmt}
-        c = float_codes(round_float(y, fmt), fmt)
-        codes = c.view(_FP8_STORAGE[fmt]) if fmt in _FP8_STORAGE else pack(c, int(tables.float_formats()[fmt]["bits"]))
+        codes = np.ascontiguousarray(y).reshape(x.shape).view(_FP8_STORAGE[fmt]) if fmt in _FP8_STORAGE else pack(y, int(tables.float_formats()[fmt]["bits"]))
     desc = {
         "shape": list(x.shape), "dtype": dtype,
         "codes": codes_entry("codes", element, rank),

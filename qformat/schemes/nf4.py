@@ -21,7 +21,7 @@ from .. import tables
 from ..qtensor import QTensor
 from .registry import Planned, register
 from ._common import (
-    check_bool, check_int, codes_entry, f32, fit_scale, flat_cells, nearest_of_two, pack, packed_shape, to_output, unflat,
+    check_bool, check_int, codes_entry, f32, fit_scale, flat_cells, map_chunks, nearest_of_two, pack, packed_shape, to_output, unflat,
 )
 
 _NESTED_BLOCK = 256
@@ -122,11 +122,24 @@ def encode(x: np.ndarray, *, dtype: str, block_size: Any = 64, double_quant: Any
     else:
         a, comps = absmax, {"scale": absmax.astype(np.float32)}
         desc["scale"] = {"blocks": {"type": "flat", "size": bs}, "op": "multiply", "tensor": "scale"}
-    y = _scaled(xb, a.astype(np.float32), x.size % bs)
-    q = np.searchsorted(bounds, y, side="left").astype(np.int64)
-    # Never decode to Inf in the logical dtype: step such codes one towards zero (code 7).
-    bad = ~np.isfinite(to_output(f32(table[q] * a[:, None]), dtype))
-    q = np.where(bad, q + np.sign(7 - q), q)
+    a32, tail = a.astype(np.float32), x.size % bs
+    # |table| <= 1, so a block whose |absmax| stays finite in the logical dtype never decodes
+    # to Inf (rounding is monotone): only the others need the check below.
+    risky = ~np.isfinite(to_output(np.abs(a), dtype))
+
+    def part(lo: int, hi: int) -> np.ndarray:
+        # _scaled on rows lo:hi (the partial last block, if any, only in the last part).
+        y = _scaled(xb[lo:hi], a32[lo:hi], tail if hi == len(xb) else 0)
+        q = np.searchsorted(bounds, y, side="left").astype(np.int64)
+        r = risky[lo:hi]
+        if r.any():  # Never decode to Inf in the logical dtype: step such codes one towards zero (code 7).
+            bad = ~np.isfinite(to_output(f32(table[q[r]] * a[lo:hi][r][:, None]), dtype))
+            qr = q[r]
+            q[r] = np.where(bad, qr + np.sign(7 - qr), qr)
+        return q.astype(np.uint8)
+
+    parts = map_chunks(part, len(xb), bs)
+    q = np.concatenate(parts) if len(parts) > 1 else parts[0]
     desc["scheme"] = "nf4"
     comps["codes"] = pack(unflat(q, x.shape), 4)
     return QTensor(desc, comps)
