@@ -16,6 +16,7 @@ subclass: ``apply(item, source)`` returning specs and producers, nothing compute
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -29,14 +30,10 @@ from .sources import Source, TensorInfo
 
 
 @dataclass(frozen=True)
-class Component:
-    """A stored tensor known by name, dtype and shape before its bytes exist."""
-
-    spec: TensorSpec
-    produce: Callable[[], np.ndarray]
-    #: Where the component's bytes already sit, unchanged, in a file: (path, offset); the
-    #: writer then copies them file to file (``os.copy_file_range``) instead of producing them.
-    copy_from: tuple[str, int] | None = None
+class Component(OutTensor):
+    """A stored tensor known by name, dtype and shape before its bytes exist: the writer's
+    :class:`~qformat.checkpoint_writer.OutTensor` (spec, producer, optional ``copy_from``: where
+    its bytes already sit unchanged in a file, copied file to file), seen as a source's tensor."""
 
     @property
     def info(self) -> TensorInfo:
@@ -137,7 +134,7 @@ def plan(outputs: Iterable[tuple[Item, Output]], order: Iterable[str] | None = N
     for item, out in outputs:
         files = stored.setdefault(item.file, {})
         for k, c in out.components.items():
-            files[k] = c if c.spec.name == k else Component(TensorSpec(k, c.spec.dtype, c.spec.shape), c.produce, c.copy_from)
+            files[k] = c if c.spec.name == k else dataclasses.replace(c, spec=TensorSpec(k, c.spec.dtype, c.spec.shape))
         if out.descriptor is not None:
             descs.setdefault(item.file, {})[item.name] = out.descriptor
     first = [f for f in (order or []) if f in stored]
@@ -166,7 +163,7 @@ def run(plan_: Plan, dst: str | os.PathLike[str], metadata: Callable[[str, dict[
     files = []
     for f in plan_.order:
         out = OutFile(f, metadata(f, plan_.descriptors[f]) or None, logical=list(plan_.descriptors[f]))
-        out.tensors = [OutTensor(c.spec, c.produce, c.copy_from) for c in plan_.stored[f].values()]
+        out.tensors = list(plan_.stored[f].values())  # components are the writer's OutTensors
         files.append(out)
     return write_checkpoint(dst, files, as_folder=as_folder, overwrite=overwrite, side_files=side_files, index=index,
                             verify=verify, written=(lambda _s: release()) if release is not None else None, file_done=file_done)
