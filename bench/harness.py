@@ -810,7 +810,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (the test suite's smoke run)")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per row (default 7; --quick 1)")
     ap.add_argument("--json", default="bench/results.json", help="where to write the results")
-    ap.add_argument("--only", default="decode,gguf,nf4,load,check,memory,scaling,checkpoint,encode", help="comma-separated sections")
+    ap.add_argument("--only", default="decode,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
+                    help="comma-separated sections (also: generate, bench/generate.py, not in the default run)")
     ap.add_argument("--checkpoint-gb", default="0.5,1,2,4", help="source sizes of the checkpoint section (GiB, comma-separated)")
     ap.add_argument("--check-gb", type=float, default=4.0, help="size of the checked file (GiB)")
     ap.add_argument("--tmp", default=None, help="folder for the big temporary files (default: the system's)")
@@ -843,6 +844,10 @@ def main(argv: list[str] | None = None) -> int:
             bench_encode(run, *((64, 256) if a.quick else (4096, 4096)))
         if "checkpoint" in only:
             bench_checkpoint(run, tmp, [0.002] if a.quick else [float(x) for x in a.checkpoint_gb.split(",")])
+        if "generate" in only:
+            from .generate import bench_generate
+
+            bench_generate(run, tmp)
     if not a.quick and {"decode", "gguf", "nf4", "load"} <= only:
         _targets_from_rows(run)
     print("\n[targets]")

@@ -207,8 +207,20 @@ def cell(blocks: Mapping[str, Any], idx: tuple[int, ...], flat: int, comps: Mapp
     return tuple(out)
 
 
+def integers(v: Any) -> Any:
+    """§3.2: a number with an integral value is an integer however written (4.0 is 4)."""
+    if isinstance(v, float) and math.isfinite(v) and v == math.floor(v):
+        return int(v)
+    if isinstance(v, list):
+        return [integers(x) for x in v]
+    if isinstance(v, dict):
+        return {k: integers(x) for k, x in v.items()}
+    return v
+
+
 def decode(desc: Mapping[str, Any], comps: Mapping[str, np.ndarray]) -> np.ndarray:
     """Decode per SPEC.md §10, one element and one binary32 operation at a time."""
+    desc = integers(desc)
     if desc.get("layout", {"name": "canonical"})["name"] != "canonical":
         desc, comps = to_canonical(desc, comps)  # §11: a device layout is read as its canonical component
     shape = tuple(desc["shape"])
@@ -370,3 +382,181 @@ def to_canonical(desc: Mapping[str, Any], comps: Mapping[str, np.ndarray]) -> tu
     d = dict(desc)
     d.pop("layout", None)
     return d, out
+
+
+# -- §5.5 structural checks, transcribed as data (independent of qformat/structure.py) ----------
+# A value spec is a tuple: ("int", lo, hi) an integer in [lo, hi] (a JSON number with an integral
+# value, never a boolean); ("enum", values); ("str", lo, hi) a string of lo..hi code points;
+# ("bool",); ("anyobj",); ("nullor", spec); ("arr", spec, lo, hi) an array of lo..hi items;
+# ("obj", required, optional) an object with exactly those members, each a dict name -> spec;
+# ("variant", {type: obj spec}) an object whose string "type" selects one obj spec.
+SAFE = 2**53 - 1
+NAME = ("str", 1, None)
+IDX = ("int", 0, 15)
+ELEMENT_SPEC = ("variant", {
+    "int": ("obj", {"type": ("enum", ("int",)), "bits": ("int", 1, 8),
+                    "signedness": ("enum", ("unsigned", "twos_complement", "offset_binary"))},
+            {"code_offset": ("int", 0, 255), "frac_bits": ("int", 0, 16)}),
+    "float": ("obj", {"type": ("enum", ("float",)), "format": ("enum", tuple(_FLOAT_BITS))}, {}),
+    "codebook": ("xor", ("obj", {"type": ("enum", ("codebook",)), "bits": ("int", 1, 8)},
+                         {"table": ("enum", ("nf4", "bnb_fp4")), "table_tensor": NAME}), ("table", "table_tensor")),
+})
+BLOCKS_SPEC = ("variant", {
+    "grid": ("obj", {"type": ("enum", ("grid",)), "size": ("arr", ("nullor", ("int", 1, SAFE)), 0, 16)},
+             {"index": ("obj", {"axis": IDX, "tensor": NAME, "count": ("int", 1, SAFE)}, {})}),
+    "flat": ("obj", {"type": ("enum", ("flat",)), "size": ("int", 1, SAFE)}, {}),
+})
+EXTENSIONS_SPEC = ("arr", ("obj", {"name": ("str", 1, 256)}, {"must_understand": ("bool",), "configuration": ("anyobj",)}), 0, 64)
+PACKING_VALUES = {"container": ("enum", (8, 16, 32)), "bit_order": ("enum", ("lsb_first", "msb_first")),
+                  "axis": ("nullor", IDX), "order": ("arr", IDX, 0, 16), "straddle": ("bool",),
+                  "slot_order": ("arr", ("int", 0, 255), 1, 256), "row_alignment": ("int", 1, 65536)}
+
+
+def _integer(v: Any) -> bool:
+    if type(v) is int:
+        return True
+    return type(v) is float and math.isfinite(v) and v == math.floor(v)
+
+
+def fits(v: Any, spec: tuple) -> bool:
+    kind = spec[0]
+    if kind == "int":
+        return _integer(v) and spec[1] <= v <= spec[2]
+    if kind == "enum":
+        if type(v) is str:
+            return v in spec[1]
+        return _integer(v) and any(type(e) is int and e == v for e in spec[1])
+    if kind == "str":
+        return type(v) is str and len(v) >= spec[1] and (spec[2] is None or len(v) <= spec[2])
+    if kind == "bool":
+        return type(v) is bool
+    if kind == "anyobj":
+        return isinstance(v, dict)
+    if kind == "nullor":
+        return v is None or fits(v, spec[1])
+    if kind == "arr":
+        return type(v) is list and spec[2] <= len(v) <= spec[3] and all(fits(x, spec[1]) for x in v)
+    if kind == "obj":
+        req, opt = spec[1], spec[2]
+        if not isinstance(v, dict) or any(k not in v for k in req) or any(k not in req and k not in opt for k in v):
+            return False
+        return all(fits(x, req[k] if k in req else opt[k]) for k, x in v.items())
+    if kind == "xor":
+        return fits(v, spec[1]) and sum(k in v for k in spec[2]) == 1
+    if kind == "variant":
+        if not isinstance(v, dict) or type(v.get("type")) is not str or v["type"] not in spec[1]:
+            return False
+        return fits(v, spec[1][v["type"]])
+    raise AssertionError(kind)
+
+
+def _members(o: dict, allowed: tuple) -> bool:
+    return all(k in allowed for k in o)
+
+
+def structural_codes(d: Any, max_rank: int = 16) -> list[str]:
+    """The codes of every failing check D1..D14 of SPEC.md §5.5 for descriptor ``d`` (empty: valid)."""
+    if not isinstance(d, dict):
+        return ["SCHEMA_VIOLATION"]  # D1
+    out = []
+    fail = out.append
+    if any(k not in d for k in ("shape", "dtype", "codes")) or not _members(d, (
+            "shape", "dtype", "codes", "zero", "scale", "bias", "layout", "allow_nonfinite_params", "scheme", "extensions")):
+        fail("SCHEMA_VIOLATION")  # D2
+    if "shape" in d and not fits(d["shape"], ("arr", ("int", 0, SAFE), 0, max_rank)):
+        fail("SHAPE_INVALID")  # D3
+    if "dtype" in d and not fits(d["dtype"], ("enum", ("float32", "float16", "bfloat16"))):
+        fail("DTYPE_INVALID")  # D4
+    c = d.get("codes")
+    if "codes" in d and not isinstance(c, dict):
+        fail("SCHEMA_VIOLATION")  # D5
+    if isinstance(c, dict):
+        if any(k not in c for k in ("tensor", "element", "packing")) or not _members(c, ("tensor", "element", "packing")):
+            fail("SCHEMA_VIOLATION")  # D5
+        if "tensor" in c and not fits(c["tensor"], NAME):
+            fail("SCHEMA_VIOLATION")  # D6
+        if "element" in c and not fits(c["element"], ELEMENT_SPEC):
+            fail("ELEMENT_INVALID")  # D7
+        if "packing" in c:
+            p = c["packing"]
+            if not isinstance(p, dict):
+                fail("PACKING_INVALID")  # D8
+            else:
+                bad8 = any(k not in p for k in ("container", "bit_order", "axis"))
+                bad8 |= any(k in p and not fits(p[k], s) for k, s in PACKING_VALUES.items())
+                pl = p.get("planes")
+                if "planes" in p:
+                    bad8 |= not isinstance(pl, dict) or not fits(pl.get("span"), ("int", 1, SAFE))
+                if bad8:
+                    fail("PACKING_INVALID")
+                if not _members(p, tuple(PACKING_VALUES) + ("planes",)) or (isinstance(pl, dict) and not _members(pl, ("span",))):
+                    fail("SCHEMA_VIOLATION")  # D9
+    ops = {"zero": (), "scale": ("multiply", "divide"), "bias": ("add", "subtract")}
+    for role, allowed_ops in ops.items():
+        if role not in d:
+            continue
+        prm = d[role]
+        if not isinstance(prm, dict):
+            fail("SCHEMA_VIOLATION")  # D10
+            continue
+        ok10 = "blocks" in prm and _members(prm, ("blocks", "op", "tensor", "order", "encoded"))
+        ok10 &= ("tensor" in prm) != ("encoded" in prm) and not ("encoded" in prm and "order" in prm)
+        ok10 &= ("op" not in prm) if role == "zero" else fits(prm.get("op"), ("enum", allowed_ops))
+        ok10 &= "tensor" not in prm or fits(prm["tensor"], NAME)
+        ok10 &= "order" not in prm or fits(prm["order"], ("arr", IDX, 0, 16))
+        if not ok10:
+            fail("SCHEMA_VIOLATION")
+        if "blocks" in prm and not fits(prm["blocks"], BLOCKS_SPEC):
+            fail("BLOCKS_INVALID")  # D11
+        if "encoded" in prm and structural_codes(prm["encoded"], max_rank):
+            fail("SCHEMA_VIOLATION")  # D12
+    if "layout" in d:
+        lay = d["layout"]
+        if not isinstance(lay, dict) or not fits(lay.get("name"), NAME) or ("parameters" in lay and not isinstance(lay["parameters"], dict)):
+            fail("LAYOUT_INVALID")  # D13
+        if isinstance(lay, dict) and not _members(lay, ("name", "parameters")):
+            fail("SCHEMA_VIOLATION")  # D13'
+    for k, s in (("allow_nonfinite_params", ("bool",)), ("scheme", ("str", 1, 64)), ("extensions", EXTENSIONS_SPEC)):
+        if k in d and not fits(d[k], s):
+            fail("SCHEMA_VIOLATION")  # D14
+    return out
+
+
+def structural_code(d: Any) -> str | None:
+    """§5.5: None when every check passes; the common code of the failures, else SCHEMA_VIOLATION."""
+    codes = set(structural_codes(d))
+    if not codes:
+        return None
+    return codes.pop() if len(codes) == 1 else "SCHEMA_VIOLATION"
+
+
+# -- reading a file whose container is sound (for the differential fuzzer) -------------------------
+_NP = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16, "U32": np.uint32,
+       "I32": np.int32, "U64": np.uint64, "I64": np.int64, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+       "F32": np.float32, "F64": np.float64, "C64": np.complex64, "F8_E4M3": ml_dtypes.float8_e4m3fn,
+       "F8_E5M2": ml_dtypes.float8_e5m2, "F8_E8M0": ml_dtypes.float8_e8m0fnu,
+       "F8_E4M3FNUZ": ml_dtypes.float8_e4m3fnuz, "F8_E5M2FNUZ": ml_dtypes.float8_e5m2fnuz}
+
+
+def read_parts(data: bytes) -> tuple[dict | None, dict[str, np.ndarray]]:
+    """(the qformat object or None, every stored tensor as an array) of a file whose container
+    SPEC.md §2 accepts (not re-checked here); sub-byte tensors are left out."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n].decode("utf-8"))
+    base = 8 + n
+    comps = {}
+    for name, e in header.items():
+        if name == "__metadata__" or e["dtype"] not in _NP:
+            continue
+        b, end = e["data_offsets"]
+        comps[name] = np.frombuffer(data[base + b : base + end], _NP[e["dtype"]]).reshape(e["shape"])
+    q = header.get("__metadata__", {}).get("qformat")
+    return (json.loads(q) if q is not None else None), comps
+
+
+def object_code(q: Any, newer: bool) -> str | None:
+    """§3.2 checks Q1 to Q4 on the qformat object without its descriptors (version checked before)."""
+    ok = "tensors" in q and isinstance(q["tensors"], dict)
+    ok &= newer or all(k in ("version", "tensors", "extensions") for k in q)
+    ok &= "extensions" not in q or fits(q["extensions"], EXTENSIONS_SPEC)
+    return None if ok else ("FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION")

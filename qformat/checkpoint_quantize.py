@@ -96,7 +96,11 @@ def label(c: Choice) -> str:
     return c.scheme + (f" {ps}" if ps else "") + (f" dtype={c.dtype}" if c.dtype else "")
 
 
-def _resolve_recipe(scheme: str | None, recipe: Any, params: Mapping[str, Any]) -> Recipe:
+def resolve_recipe(scheme: str | None, recipe: Any, params: Mapping[str, Any]) -> Recipe:
+    """The recipe a quantize request means: ``recipe`` (None, a :class:`Recipe`, a dict, TOML
+    text or a path) with ``scheme`` and its ``params`` as the default rule; the same for
+    ``qformat quantize``, ``quantize_checkpoint`` and quantize-on-load.  Raises
+    QUANTIZE_RECIPE_INVALID or ENCODE_PARAM_INVALID."""
     if recipe is None:
         r = Recipe()
     elif isinstance(recipe, Recipe):
@@ -116,7 +120,7 @@ def _resolve_recipe(scheme: str | None, recipe: Any, params: Mapping[str, Any]) 
     return r
 
 
-def _verify_choices(decisions: list[Decision], infos: Mapping[str, Any], recipe_default: bool) -> None:
+def verify_choices(decisions: list[Decision], infos: Mapping[str, Any], recipe_default: bool) -> None:
     """Check each (choice, rank, dtype) once against the encoder on a small proxy: parameter
     values (named by rule) and the exactness of the planned layout."""
     seen: set[tuple[Any, ...]] = set()
@@ -155,12 +159,12 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     from .convert.writer import verify_output
 
     ck = open_plain_source(src)
-    rec = _resolve_recipe(scheme, recipe, params)
+    rec = resolve_recipe(scheme, recipe, params)
     recipe_default = scheme is None
     names = ck.names()
     infos = {n: ck.info(n) for n in names}
     decisions = decide(rec, infos, names)
-    _verify_choices(decisions, infos, recipe_default)
+    verify_choices(decisions, infos, recipe_default)
     dst = os.path.abspath(os.fspath(dst))
     as_folder = os.path.isdir(ck.path) or ck.sharded or max_shard_size is not None
     if dst == ck.path or (not as_folder and dst in [os.path.join(ck.folder, f) for f in ck.files]):

@@ -58,6 +58,15 @@ def _parser() -> argparse.ArgumentParser:
     dq.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     dq.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     dq.add_argument("--quiet", action="store_true", help="no progress bar")
+    ex = sub.add_parser("export", help="export a checkpoint to GGUF, compressed-tensors, MLX or bitsandbytes, bit-exact or refused")
+    ex.add_argument("src", metavar="SRC", nargs="?", help="anything qformat reads: a qformat file, folder or index.json, or a convert source")
+    ex.add_argument("dst", metavar="DST", nargs="?", help="the output: a .gguf file for --to gguf; else a folder for a folder or sharded source, a file otherwise")
+    ex.add_argument("--to", metavar="FORMAT", help="the target format (see --list)")
+    ex.add_argument("--allow-rounding", action="store_true", help="export tensors that do not map exactly anyway, re-encoded where needed; each is reported with its max abs difference and SQNR")
+    ex.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    ex.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    ex.add_argument("--quiet", action="store_true", help="no progress bar")
+    ex.add_argument("--list", action="store_true", help="list the export targets and exit")
     ins = sub.add_parser("inspect", help="list what a checkpoint holds (any kind convert reads), from headers only")
     ins.add_argument("path", metavar="PATH", help="a file, folder, *.safetensors.index.json or .gguf file (qformat, plain, or a convert source)")
     ins.add_argument("--json", action="store_true", help="print JSON (format_version 1; see README) instead of text")
@@ -286,6 +295,37 @@ def _dequantize(args: argparse.Namespace) -> int:
     return _run_job(args, job)
 
 
+def _export(args: argparse.Namespace) -> int:
+    from . import export as ex
+
+    if args.list:
+        for name in ex.targets():
+            print(f"{name:20s} {ex.get(name).title}")
+        return 0
+    if not args.src or not args.dst or not args.to:
+        print("qformat: error: export needs SRC, DST and --to FORMAT (or --list)", file=sys.stderr)
+        return 2
+
+    def job() -> int:
+        r = ex.export(args.src, args.dst, to=args.to, allow_rounding=args.allow_rounding, overwrite=args.overwrite,
+                      progress=None if (args.quiet or args.json) else sys.stderr)
+        if args.json:
+            print(json.dumps(r.to_dict(), indent=2))
+            return 0
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(r.kinds().items(), key=lambda kv: (-kv[1], kv[0])))
+        print(f"{args.dst}: exported {len(r.results)} tensors to {r.target} ({kinds}), {r.bytes / 1e6:,.1f} MB in {len(r.files)} file(s)")
+        if r.rounded:
+            print(f"  rounded {len(r.rounded)} tensor(s) (--allow-rounding):")
+            for t in r.rounded:
+                how = f" re-encoded with {t.reencoded}" if t.reencoded else ""
+                print(f"    {t.name}: {t.kind}{how}, max abs difference {t.max_abs:.4g}, SQNR {t.sqnr_db:.2f} dB")
+        else:
+            print("  every tensor bit-exact (decoded by the target's rule and compared with qformat's values)")
+        return 0
+
+    return _run_job(args, job)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "quantize":
@@ -304,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _convert(args)
     if args.command == "inspect":
         return _inspect(args)
+    if args.command == "export":
+        return _export(args)
     if args.command == "diff":
         return _diff(args)
     if args.command != "check":

@@ -173,11 +173,11 @@ def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) ->
             raise _mal("TENSOR_ENTRY_INVALID", f"data_offsets must be two non-negative integers, found {offs!r}"[:300], name)
         if len(shape) > tables.limits()["max_rank"]:
             raise _mal("TENSOR_ENTRY_INVALID", f"rank must be at most {tables.limits()['max_rank']}, found {len(shape)}", name)
-        numel = 1
-        for s in shape:
-            numel *= s
-            if numel >= _U64:
-                raise _mal("SIZE_OVERFLOW", f"element count of shape {shape} overflows 64 bits", name)
+        if any(s >= _U64 for s in shape):  # SPEC.md §2.2: an entry of 2^64 or more, even in an empty tensor
+            raise _mal("SIZE_OVERFLOW", f"a shape entry of {shape} does not fit 64 bits"[:300], name)
+        numel = math.prod(shape)  # exact: [2^40, 2^40, 0] has 0 elements
+        if numel >= _U64:
+            raise _mal("SIZE_OVERFLOW", f"element count of shape {shape} overflows 64 bits", name)
         nbits = numel * known[dt]["bits"]
         if nbits >= _U64:
             raise _mal("SIZE_OVERFLOW", f"bit size of shape {shape} with dtype {dt} overflows 64 bits", name)

@@ -1,6 +1,7 @@
 """Descriptors: frozen dataclasses for the qformat object, parsed from schema-valid JSON.
 
-Structure is checked by the JSON Schema first (:func:`parse_descriptor`, :func:`schema_code`);
+Structure is checked first by the ordered structural checks of SPEC.md §5.5
+(:mod:`qformat.structure`, which accept exactly what the JSON Schema accepts; :func:`parse_descriptor`);
 the dataclasses are built only from schema-valid dicts; :mod:`qformat.validate` then checks
 everything that depends on the logical shape and on the component tensors (SPEC.md,
 "Validation").
@@ -19,7 +20,7 @@ from typing import Any, Iterator, Mapping, NamedTuple
 
 import jsonschema
 
-from . import tables
+from . import structure, tables
 from .elements import Element
 from .errors import QFormatError, error
 from .packing import Packing
@@ -272,8 +273,8 @@ def parse_descriptor(name: str, raw: Any) -> Descriptor:
         raise error("SCHEMA_VIOLATION", "a descriptor must be a JSON object", tensor=name)
     if depth_of(raw) > max_depth:
         raise error("DEPTH_EXCEEDED", f"encoded parameters nest {depth_of(raw)} deep, the limit is {max_depth}", tensor=name)
-    if schema_messages(raw, "descriptor"):
-        code, msgs = schema_code(raw)
+    code, msgs = structure.descriptor_code(raw)
+    if code is not None:
         raise error(code, "; ".join(msgs[:5]), tensor=name)
     return Descriptor.from_dict(raw)
 
@@ -305,40 +306,12 @@ def extension_problems(exts: list[Extension] | tuple[Extension, ...], newer: boo
     return probs
 
 
-#: Where in a descriptor a schema failure sits -> the specific code for it (first match wins).
-_SCHEMA_CODES = (
-    (("dtype",), "DTYPE_INVALID"),
-    (("shape",), "SHAPE_INVALID"),
-    (("codes", "element"), "ELEMENT_INVALID"),
-    (("codes", "packing"), "PACKING_INVALID"),
-    (("layout",), "LAYOUT_INVALID"),
-)
-
-
 def schema_code(raw: Any) -> tuple[str, list[str]]:
-    """(code, messages) for a descriptor that fails the schema of a file not newer than the reader.
-
-    A failure confined to one member that has its own code gets that code (a bad logical dtype
-    is DTYPE_INVALID, a bit width out of range ELEMENT_INVALID ...); an unknown or missing
-    member, or failures in several places, is SCHEMA_VIOLATION.
-    """
-    errs = list(_validator("descriptor").iter_errors(raw))
-    msgs = schema_messages(raw, "descriptor")
-    paths = [tuple(str(p) for p in e.absolute_path) for e in errs]
-    unknown = any(e.validator in ("additionalProperties", "required") and not e.absolute_path for e in errs)
-    codes = set()
-    for path, e in zip(paths, errs):
-        code = "SCHEMA_VIOLATION"
-        for prefix, c in _SCHEMA_CODES:
-            if path[: len(prefix)] == prefix and e.validator != "additionalProperties":
-                code = c
-                break
-        if len(path) >= 2 and path[0] in ("zero", "scale", "bias") and path[1] == "blocks" and e.validator != "additionalProperties":
-            code = "BLOCKS_INVALID"
-        codes.add(code)
-    if unknown or len(codes) != 1:
-        return "SCHEMA_VIOLATION", msgs
-    return codes.pop(), msgs
+    """(code, messages) for a descriptor that fails the schema, in a file not newer than the
+    reader: the code of SPEC.md §5.5, assigned by the ordered structural checks of
+    :mod:`qformat.structure` (never from where a JSON Schema validator reports a failure)."""
+    code, msgs = structure.descriptor_code(raw)
+    return (code or "SCHEMA_VIOLATION"), msgs
 
 
 

@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import layouts, tables
+from . import layouts, structure, tables
 from .container import Header, _Dup, strict_json
-from .descriptor import READER_VERSION, Descriptor, Extension, depth_of, extension_problems, schema_code, schema_messages
+from .descriptor import READER_VERSION, Descriptor, Extension, depth_of, extension_problems
 from .errors import QFormatError, error
 from .validate import validate_descriptor
 from .sources import Source
@@ -128,12 +128,10 @@ def _top_level_problems(obj: dict[str, Any], newer: bool) -> list[QFormatError]:
     """Problems of the qformat object's own members (the descriptors are checked one by one)."""
     # A newer minor may add optional top-level members; anything a reader must understand
     # comes as an extension, so an older reader ignores members it does not know.
-    known_top = tables.schema()["properties"]
-    top = {k: (v if k != "tensors" else {}) for k, v in obj.items() if k in known_top or not newer}
-    msgs = schema_messages(top)
-    if msgs or not isinstance(obj.get("tensors"), dict):
+    msgs = structure.object_failures(obj, newer)  # SPEC.md §3.2, checks Q1 to Q4
+    if msgs:
         code = "FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION"
-        return [error(code, "; ".join(msgs) or "'tensors' must be an object")]
+        return [error(code, "; ".join(msgs))]
     exts = [Extension.from_dict(e) for e in obj.get("extensions", [])]
     return extension_problems(exts, newer, "file")
 
@@ -142,16 +140,15 @@ def _interpret_descriptor(name: str, raw: Any, src: Source, newer: bool, minor: 
     """(the descriptor when it is schema-valid, its problems) for one entry of ``tensors``."""
     max_depth = tables.limits()["max_nesting_depth"]
     deep = isinstance(raw, dict) and depth_of(raw) > max_depth
-    msgs = schema_messages(raw, "descriptor") if isinstance(raw, dict) and not deep else []
-    if name == "":
-        return None, [error("SCHEMA_VIOLATION", "a logical tensor name must not be empty", tensor=name)]
+    code, msgs = structure.descriptor_code(raw) if isinstance(raw, dict) and not deep else (None, [])
+    if name in ("", "__metadata__"):  # SPEC.md §3.2, §4.3: refuses this tensor only, in any minor
+        return None, [error("SCHEMA_VIOLATION", "a logical tensor name must not be empty or '__metadata__'", tensor=name)]
     if deep:
         return None, [error("DEPTH_EXCEEDED", f"encoded parameters nest {depth_of(raw)} deep, the limit is {max_depth}", tensor=name)]
     if not isinstance(raw, dict):
         return None, [error("FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION", "a descriptor must be a JSON object", tensor=name)]
-    if msgs:
-        code = "FEATURE_UNSUPPORTED" if newer else schema_code(raw)[0]
-        return None, [error(code, "; ".join(msgs[:5]), tensor=name)]
+    if code is not None:
+        return None, [error("FEATURE_UNSUPPORTED" if newer else code, "; ".join(msgs[:5]), tensor=name)]
     desc = Descriptor.from_dict(raw)
     return desc, validate_descriptor(name, desc, src, newer=newer, minor=minor)
 

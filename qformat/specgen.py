@@ -27,7 +27,7 @@ from qformat import tables
 from qformat.atomic import atomic_write
 
 #: Names of the generated sections, in the order they appear in SPEC.md.
-SECTION_NAMES = ("dtypes", "float_formats", "codebooks", "layouts", "limits", "errors", "schemes", "mapping")
+SECTION_NAMES = ("dtypes", "float_formats", "codebooks", "layouts", "limits", "errors", "schemes", "mapping", "export_mapping")
 
 #: Default location of the specification: the repository root, next to the package.
 SPEC_PATH = Path(__file__).resolve().parent.parent / "SPEC.md"
@@ -151,6 +151,7 @@ _RENDERERS: dict[str, Callable[[], str]] = {
     "limits": _render_limits,
     "schemes": _render_schemes,
     "mapping": lambda: _render_mapping(),
+    "export_mapping": lambda: _render_export_mapping(),
 }
 
 #: The per-source mapping texts (Appendix C), one Markdown file per converter, beside the code.
@@ -173,6 +174,30 @@ def _render_mapping() -> str:
         if not lines or not lines[0].startswith("### "):
             raise ValueError(f"{f} must start with a '### Title' line")
         lines[0] = f"### C.{n} {lines[0][4:].strip()}"
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+#: The per-target export mapping texts (Appendix D), one Markdown file per target, beside the code.
+EXPORT_MAPPING_DIR = Path(__file__).resolve().parent / "export" / "mapping"
+
+
+def _render_export_mapping() -> str:
+    """Appendix D: each export target's mapping file, in registry order, numbered D.1, D.2, ..."""
+    from qformat.export.registry import REGISTRY
+
+    parts = []
+    n = 0
+    for name in REGISTRY:
+        f = EXPORT_MAPPING_DIR / f"{name}.md"
+        if not f.is_file():
+            continue
+        n += 1
+        text = f.read_text(encoding="utf-8").strip()
+        lines = text.splitlines()
+        if not lines or not lines[0].startswith("### "):
+            raise ValueError(f"{f} must start with a '### Title' line")
+        lines[0] = f"### D.{n} {lines[0][4:].strip()}"
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 

@@ -22,7 +22,7 @@ if [ ! -f "$STAMP" ]; then
   echo "[setup] installing qformat and its test oracles into $VENV (a few minutes; log: $LOG)" >&2
   step "pip" --upgrade pip
   step "torch 2.13.0 (CPU build)" "torch==2.13.0"
-  step "qformat (editable) with extras test, torch, jax, oracles, demo, plot" -e "$ROOT[test,torch,jax,oracles,demo,plot]"
+  step "qformat (editable) with extras test, torch, jax, transformers, oracles, demo, plot" -e "$ROOT[test,torch,jax,transformers,oracles,demo,plot]"
   rm -f "$VENV"/.qformat-installed-*
   touch "$STAMP"
   echo "[setup] done" >&2

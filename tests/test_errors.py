@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 import qformat
 from qformat import tables
+from qformat.export import export as export_checkpoint
 from qformat.errors import InvalidFileError, MalformedFileError, QFormatError, UnsupportedError, UsageError
 
 from .filebuild import (
@@ -867,7 +868,43 @@ def _plot_without_matplotlib(tmp: Path, valid: Path) -> Any:
         sys.modules.update(saved)
 
 
+def _export_int4(scale_dtype: str, to: str) -> Callable[[Path, Path], Any]:
+    """Export an int4 g32 tensor whose scale is stored as ``scale_dtype`` to ``to``."""
+
+    def call(tmp: Path, valid: Path) -> Any:
+        x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+        src = tmp / "int4.safetensors"
+        qformat.save_file({"w": qformat.quantize(x, "int", bits=4, group_size=32, scale_dtype=scale_dtype)}, src)
+        return export_checkpoint(src, tmp / "out.gguf", to=to)
+
+    return call
+
+
+def _load_mismatch(tmp: Path, valid: Path) -> Any:
+    """A quantized tiny Llama whose config.json no longer fits its down_proj weights, loaded
+    with transformers' from_pretrained through qformat.transformers."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import qformat.transformers  # noqa: F401  (registers quant_method "qformat")
+
+    cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=1, intermediate_size=128, vocab_size=256,
+                                   num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp / "fp")
+    qformat.quantize_checkpoint(tmp / "fp", tmp / "q", scheme="int", bits=4, group_size=32)
+    config = json.loads((tmp / "q" / "config.json").read_text())
+    config["intermediate_size"] = 96
+    (tmp / "q" / "config.json").write_text(json.dumps(config))
+    return transformers.AutoModelForCausalLM.from_pretrained(tmp / "q")
+
+
 USAGE_CASES = [
+    U("LOAD_MISMATCH", "config-does-not-fit-weights", _load_mismatch),
+    U("EXPORT_TARGET_UNKNOWN", "no-such-target", lambda tmp, v: export_checkpoint(v, tmp / "o", to="no-such-target")),
+    # F32 scales that float16 does not hold: GGUF's Q4_0 keeps d in float16.
+    U("EXPORT_NOT_EXACT", "f32-scale-to-q4_0", _export_int4("float32", "gguf")),
+    # bitsandbytes holds only nf4 / fp4 codes.
+    U("EXPORT_UNMAPPABLE", "int4-to-bitsandbytes", _export_int4("float16", "bitsandbytes")),
     U("QUANTIZE_SOURCE_QUANTIZED", "quantize-qformat-file", lambda tmp, v: qformat.quantize_checkpoint(v, tmp / "o.safetensors", scheme="nf4")),
     U("QUANTIZE_RECIPE_INVALID", "rule-matches-nothing", lambda tmp, v: qformat.quantize_checkpoint(
         _plain_file(tmp, v), tmp / "o.safetensors", recipe={"rules": [{"glob": "nope", "keep": True}]})),

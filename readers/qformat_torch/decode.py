@@ -21,7 +21,7 @@ import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from qformat.regions import (CodesRead, GridRead, Region, block_view, byte_looku
                              element_table, full_region, iter_chunks, plan_codes, plan_grid, plan_param, region_shape,
                              source_index_reader)
 
-from ._convert import LOGICAL_TORCH, TORCH_STORAGE, int_view_dtype
+from .dtypes import LOGICAL_TORCH, TORCH_STORAGE, int_view_dtype
 from .sources import TorchSource, canonical_source, numpy_view
 
 __all__ = ["CHUNK_ELEMENTS", "FAST_CHUNK_ELEMENTS", "Region", "decode", "decode_region", "full_region", "round_to", "widen"]
@@ -327,7 +327,10 @@ def _fast_decode(desc: Descriptor, src: TorchSource, region: Region, out: torch.
     pool = _pool(n) if n > 1 else None
     # parameter values (nested encoded ones are decoded here) on a single-threaded worker too:
     # many small ops, each a parallel region with intra-op threads
-    steps = _fast_steps(desc, src, region) if pool is None else pool.submit(_fast_steps, desc, src, region).result()
+    # Worker threads do not inherit the caller's inference mode (thread-local in torch): each
+    # task enters the caller's mode, so tensors made under torch.inference_mode() can be written.
+    mode = torch.is_inference_mode_enabled()
+    steps = _fast_steps(desc, src, region) if pool is None else pool.submit(_in_mode, mode, _fast_steps, desc, src, region).result()
     if steps is None:
         return False
     if any((step * xshape[0]) % rows for _, xshape, _ in steps):  # a step's leading blocks must split at chunk boundaries
@@ -344,9 +347,15 @@ def _fast_decode(desc: Descriptor, src: TorchSource, region: Region, out: torch.
         # the workers take chunks from one shared iterator (next() holds the GIL): a worker
         # whose core is busy elsewhere simply takes fewer chunks; no barrier between chunks
         shared = iter(starts)
-        for _ in pool.map(job.run, [shared] * n):
+        for _ in pool.map(lambda it: _in_mode(mode, job.run, it), [shared] * n):
             pass
     return True
+
+
+def _in_mode(inference: bool, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` under the given inference mode (for a worker thread)."""
+    with torch.inference_mode(inference):
+        return fn(*args)
 
 
 def _fast_lookup(desc: Descriptor, region: Region, out: torch.Tensor):  # type: ignore[no-untyped-def]
@@ -459,9 +468,12 @@ def _buffer(kind: str, numel: int, dtype: torch.dtype, device: torch.device) -> 
     cache = getattr(_BUFFERS, "d", None)
     if cache is None:
         cache = _BUFFERS.d = {}
-    b = cache.get(kind)
+    # A buffer made under inference mode cannot be written outside it (and the reverse is
+    # refused as a view): one buffer per kind and mode.
+    key = (kind, torch.is_inference_mode_enabled())
+    b = cache.get(key)
     if b is None or b.numel() < numel or b.dtype != dtype:
-        b = cache[kind] = torch.empty(numel, dtype=dtype)
+        b = cache[key] = torch.empty(numel, dtype=dtype)
     return b[:numel]
 
 

@@ -32,7 +32,7 @@ from qformat.elements import lut as element_lut
 from qformat.errors import error
 from qformat.sources import ArraySource
 
-from ._convert import LOGICAL_TORCH, TORCH_LOGICAL, torch_to_numpy
+from .dtypes import LOGICAL_TORCH, TORCH_LOGICAL, torch_to_numpy
 from .qtensor import TorchQTensor
 
 _NAMED = {"nf4": "nf4", "fp4": "bnb_fp4"}

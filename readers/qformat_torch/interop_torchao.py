@@ -50,7 +50,7 @@ from qformat.errors import error
 from qformat.packing import Packing, pack_rows
 from qformat.sources import ArraySource
 
-from ._convert import LOGICAL_TORCH, TORCH_LOGICAL, numpy_to_torch, torch_to_numpy
+from .dtypes import LOGICAL_TORCH, TORCH_LOGICAL, numpy_to_torch, torch_to_numpy
 from .qtensor import TorchQTensor
 
 _INT_DTYPES = {b: getattr(torch, f"int{b}") for b in range(1, 8)} | {8: torch.int8}

@@ -22,7 +22,7 @@ from qformat.io import SafeOpen as CoreSafeOpen
 from qformat.io import parse_index, squeezed_shape
 from qformat.regions import Region
 
-from ._convert import numpy_to_torch, torch_to_numpy
+from .dtypes import numpy_to_torch, torch_to_numpy
 from .decode import decode
 from .qtensor import TorchQTensor, as_qtensor
 from .sources import ArrayTorchSource

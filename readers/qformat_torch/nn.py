@@ -1,7 +1,14 @@
 """Packed weights in torch modules: QLinear, quantize_model, save_model, load_model.
 
 A :class:`QLinear` keeps its weight packed (the qformat components, as buffers on the module's
-device) and dequantizes it with the torch decoder in every forward, then runs ``F.linear``.
+device).  Its forward runs one of two paths (:mod:`qformat_torch.kernels`):
+
+- a native CPU kernel on a copy of the weight repacked once, when the layer is built or moved
+  (int4 grouped affine -> torch's int4 pack, int8 per channel -> torch's int8 mm), for bfloat16
+  inputs, where the stored weight maps onto it exactly (or under policy ``"native"``);
+- otherwise the exact path: decode the weight with the torch decoder (in chunks of rows, cast to
+  the input's dtype chunk by chunk) and run ``F.linear``: bit-identical to
+  ``F.linear(x, qlinear.weight.to(x.dtype), bias)``.
 Biases, LayerNorms, embeddings and every other state_dict entry stay plain tensors.
 
 The component buffers are stored as raw integer views of their bytes (``int8``/``int16``/
@@ -23,7 +30,8 @@ from torch import nn
 
 import qformat
 
-from ._convert import STORAGE_TORCH, int_view_dtype, storage_name, torch_to_numpy
+from .dtypes import LOGICAL_TORCH, STORAGE_TORCH, int_view_dtype, storage_name, torch_to_numpy
+from . import kernels
 from .decode import decode
 from .io import safe_open, save_file
 from .qtensor import TorchQTensor
@@ -43,12 +51,28 @@ def _buffer_name(component: str, taken: set[str]) -> str:
 class QLinear(nn.Module):
     """A Linear layer whose weight ``[out_features, in_features]`` stays packed in qformat.
 
-    ``forward`` decodes the weight on the buffers' device (bit-identical to the reference on CPU),
-    casts it to the input's dtype when they differ, and calls ``F.linear``.
+    ``forward`` runs a native kernel where one applies (see the module doc), else decodes the
+    weight on the buffers' device (bit-identical to the reference on CPU), cast to the input's
+    dtype, and calls ``F.linear``.
+
+    Options (keyword only):
+
+    - ``kernel``: ``"auto"`` (native kernels where the mapping is exact), ``"native"`` (also where
+      a parameter rounds, e.g. float16 scales to bfloat16), ``"decode"`` (never native), or None:
+      the process default, :func:`qformat_torch.kernels.set_kernel_policy`.
+    - ``cache``: keep the decoded weight (per compute dtype) after the first forward of the
+      decode path: dense speed, dense memory.
+    - ``chunk_rows``: rows decoded per chunk on the decode path (default: about 1M elements).
+    - ``stream``: on the decode path, run ``F.linear`` per chunk of output rows, so no more than
+      chunk x in_features of the weight ever exists; torch's GEMMs may round a row block's
+      outputs differently from a single F.linear (bfloat16 with many tokens), so it is opt-in.
     """
 
-    def __init__(self, weight: TorchQTensor | qformat.QTensor, bias: torch.Tensor | None = None, device: Any = None):
+    def __init__(self, weight: TorchQTensor | qformat.QTensor, bias: torch.Tensor | None = None, device: Any = None, *,
+                 kernel: str | None = None, cache: bool = False, chunk_rows: int | None = None, stream: bool = False):
         super().__init__()
+        if kernel is not None and kernel not in kernels.POLICIES:
+            raise ValueError(f"kernel must be one of {kernels.POLICIES} or None, found {kernel!r}")
         if isinstance(weight, qformat.QTensor):
             weight = TorchQTensor.from_qtensor(weight, device if device is not None else "cpu")
         elif device is not None:
@@ -70,6 +94,39 @@ class QLinear(nn.Module):
             self.register_parameter("bias", None)
         else:
             self.bias = bias if isinstance(bias, nn.Parameter) else nn.Parameter(bias.detach(), requires_grad=False)
+        self.kernel, self.cache, self.chunk_rows, self.stream = kernel, bool(cache), chunk_rows, bool(stream)
+        self._native: kernels.Prepared | None = None  # not a buffer: state_dict holds only the qformat components
+        self._native_key: tuple[Any, ...] | None = None
+        self._decoded: dict[torch.dtype, torch.Tensor] = {}
+        self.register_load_state_dict_post_hook(_reselect_after_load)
+        self._select_kernel()
+
+    # -- kernel selection ----------------------------------------------------------------------
+    def _kernel_key(self) -> tuple[Any, ...]:
+        comps = [getattr(self, b) for b, _ in self._components.values()]
+        policy = self.kernel or kernels.get_kernel_policy()
+        dev = comps[0].device if comps else torch.device("cpu")
+        return (policy, dev, tuple(c.data_ptr() for c in comps))
+
+    def _select_kernel(self) -> None:
+        """Pick the forward path and repack the weight for it (at construction, after a move or a
+        load, or when the policy changed)."""
+        key = self._kernel_key()
+        self._native = None  # drop the old repacked copy first
+        self._decoded.clear()
+        self._native = kernels.select(self._parsed, self.component_tensors(), key[1], key[0]) if self._components else None
+        self._native_key = key
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "QLinear":  # .to(), .cuda(), .half(), ...
+        out = super()._apply(fn, recurse)
+        if self._native_key != self._kernel_key():
+            self._select_kernel()
+        return out
+
+    @property
+    def kernel_path(self) -> str:
+        """The name of the native kernel path this layer runs for its kernel's input dtype, or "decode"."""
+        return self._native.path.name if self._native is not None else "decode"
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scheme: str, **params: Any) -> "QLinear":
@@ -94,7 +151,8 @@ class QLinear(nn.Module):
         """The weight decoded to its logical dtype on the module's device."""
         comps = self.component_tensors()
         dev = next(iter(comps.values())).device if comps else torch.device("cpu")
-        return decode(self._parsed, TensorSource(comps, dev), None, tensor="weight")
+        out = kernels.empty(tuple(self._parsed.shape), LOGICAL_TORCH[self._parsed.dtype], dev)  # usable under inference_mode
+        return decode(self._parsed, TensorSource(comps, dev), None, tensor="weight", out=out)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -102,22 +160,54 @@ class QLinear(nn.Module):
         return self.dequantize_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.dequantize_weight()
-        if w.dtype != x.dtype:
-            w = w.to(x.dtype)
+        if self._native_key != self._kernel_key():
+            self._select_kernel()
         b = self.bias
         if b is not None and b.dtype != x.dtype:
             b = b.to(x.dtype)
-        return F.linear(x, w, b)
+        nat = self._native
+        if nat is not None and x.dtype == nat.dtype and x.device == nat.device and x.shape[-1] == self.in_features:
+            y = nat(x.reshape(-1, self.in_features).contiguous()).reshape(x.shape[:-1] + (self.out_features,))
+            return y if b is None else y.add_(b)
+        if self.stream and not self.cache:
+            return kernels.linear_streamed(self._parsed, self.component_tensors(), x, b, self.chunk_rows)
+        return F.linear(x, self._weight_for(x), b)
+
+    def _weight_for(self, x: torch.Tensor) -> torch.Tensor:
+        """The decoded weight in ``x``'s dtype (cached with ``cache``; else in a reused per-thread
+        workspace unless autograd will keep it for the backward pass)."""
+        w = self._decoded.get(x.dtype)
+        if w is not None:
+            return w
+        reuse = not self.cache and not (torch.is_grad_enabled() and x.requires_grad)
+        w = kernels.decode_chunked(self._parsed, self.component_tensors(), x.dtype, chunk_rows=self.chunk_rows, reuse=reuse)
+        if self.cache:
+            self._decoded[x.dtype] = w
+        return w
 
     @property
     def packed_nbytes(self) -> int:
         return int(sum(getattr(self, b).numel() * getattr(self, b).element_size() for b, _ in self._components.values()))
 
+    @property
+    def kernel_nbytes(self) -> int:
+        """Bytes of the native kernel's repacked copy of the weight (0 on the decode path); the
+        layer holds ``packed_nbytes + kernel_nbytes`` (plus its bias)."""
+        if self._native is None:
+            return 0
+        # a kernel tensor that is a view of a component (int8 codes used as they are) is no copy
+        own = {getattr(self, b).untyped_storage().data_ptr() for b, _ in self._components.values()}
+        return int(sum(t.numel() * t.element_size() for t in self._native.tensors.values()
+                       if t.untyped_storage().data_ptr() not in own))
+
     def extra_repr(self) -> str:
         scheme = self.descriptor.get("scheme", "?")
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"scheme={scheme}, dtype={self.descriptor['dtype']}, packed_bytes={self.packed_nbytes}")
+                f"scheme={scheme}, dtype={self.descriptor['dtype']}, packed_bytes={self.packed_nbytes}, kernel={self.kernel_path}")
+
+
+def _reselect_after_load(module: QLinear, _keys: Any) -> None:
+    module._select_kernel()  # the buffers were overwritten in place: repack the kernel's copy
 
 
 def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:

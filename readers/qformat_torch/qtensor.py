@@ -12,7 +12,7 @@ from qformat.descriptor import Descriptor, parse_descriptor
 from qformat.validate import validate_descriptor
 from qformat.qtensor import rename_references
 
-from ._convert import LOGICAL_TORCH, numpy_to_torch, torch_to_numpy
+from .dtypes import LOGICAL_TORCH, numpy_to_torch, torch_to_numpy
 from .decode import Region, decode
 from .sources import TensorSource
 

@@ -21,7 +21,7 @@ from qformat.descriptor import Descriptor
 from qformat.layouts import canonical_view
 from qformat.sources import Source, TensorInfo
 
-from ._convert import STORAGE_TORCH, numpy_to_torch, storage_name, torch_to_numpy
+from .dtypes import STORAGE_TORCH, numpy_to_torch, storage_name, torch_to_numpy
 
 Box = Sequence[slice]
 

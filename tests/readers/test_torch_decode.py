@@ -90,3 +90,17 @@ def test_framework_name_and_device_arguments(tmp_path):
     assert e.value.code == "FRAMEWORK_UNKNOWN"
     out = qt.load_file(path, device="cpu", dtype=torch.float16)
     assert out["a"].dtype == torch.float16 and out["a"].device.type == "cpu"
+
+
+def test_decodes_under_inference_mode_and_after(tmp_path):
+    """torch.inference_mode() is thread-local: the decoder's worker threads enter the caller's
+    mode (they write the output in place), and its kept scratch buffers serve both modes."""
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(0).standard_normal((2048, 1024)).astype(np.float32)  # several chunks: threads
+    qformat.save_file({"w": qformat.quantize(x, "int", bits=4, group_size=32, dtype="bfloat16")}, tmp_path / "w.safetensors")
+    ref = qformat.load_file(tmp_path / "w.safetensors")["w"]
+    with torch.inference_mode():
+        inside = qt.load_file(tmp_path / "w.safetensors")["w"]
+    outside = qt.load_file(tmp_path / "w.safetensors")["w"]
+    for t in (inside, outside):
+        assert same_bits(torch_to_numpy(t), ref)

@@ -17,7 +17,7 @@ from bitsandbytes import functional as BF  # noqa: E402
 import qformat  # noqa: E402
 import qformat_torch as qt  # noqa: E402
 from qformat_torch import interop_bnb  # noqa: E402
-from qformat_torch._convert import torch_to_numpy  # noqa: E402
+from qformat_torch.dtypes import torch_to_numpy  # noqa: E402
 
 from .. import bnb_kernel  # noqa: E402
 from ..backends import same_bits  # noqa: E402

@@ -16,7 +16,7 @@ from torchao.quantization import (  # noqa: E402
 import qformat  # noqa: E402
 import qformat_torch as qt  # noqa: E402
 from qformat_torch import interop_torchao as ita  # noqa: E402
-from qformat_torch._convert import torch_to_numpy  # noqa: E402
+from qformat_torch.dtypes import torch_to_numpy  # noqa: E402
 
 from ..backends import same_bits  # noqa: E402
 
@@ -47,7 +47,7 @@ def test_nf4tensor_decodes_bit_for_bit(tmp_path, dtype):
         t = to_nf4((torch.randn(shape) * 0.05).to(dtype), bs, sbs)
         want = torch_to_numpy(t.get_original_weight())
         q = ita.from_nf4(t)
-        assert q.descriptor["scale"]["encoded"]["dtype"] == qt._convert.TORCH_LOGICAL[dtype]
+        assert q.descriptor["scale"]["encoded"]["dtype"] == qt.dtypes.TORCH_LOGICAL[dtype]
         assert same_bits(q.dequantize(), want)
         assert same_bits(torch_to_numpy(qt.TorchQTensor.from_qtensor(q).dequantize()), want)
         back = ita.to_nf4(q)

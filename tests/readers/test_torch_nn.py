@@ -11,7 +11,7 @@ from torch import nn  # noqa: E402
 
 import qformat  # noqa: E402
 import qformat_torch as qt  # noqa: E402
-from qformat_torch._convert import torch_to_numpy  # noqa: E402
+from qformat_torch.dtypes import torch_to_numpy  # noqa: E402
 
 from ..backends import same_bits  # noqa: E402
 

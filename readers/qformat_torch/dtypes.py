@@ -1,5 +1,7 @@
 """Dtype tables and NumPy <-> torch conversion of raw storage (bytes are reinterpreted, never converted).
 
+Public: the torch-based readers (``qformat.transformers``) use it too.
+
 torch has no NumPy counterpart for bfloat16 or the float8 types, and only partial support for
 unsigned 16/32/64-bit integers, so every array crosses between the two as the signed integer of
 its width and is then viewed in the target dtype.  Storage dtype names are safetensors' names

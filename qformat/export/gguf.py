@@ -1,0 +1,837 @@
+"""Target ``gguf``: qformat checkpoints out to GGUF files (llama.cpp / ggml), bit-exact or refused.
+
+Every tensor becomes one GGUF tensor.  A quantized tensor maps to a ggml block type when its
+descriptor has that type's arithmetic (SPEC.md Appendix D, ``qformat/export/mapping/gguf.md``):
+
+- integer codes with one scale per 32 along the last axis and nothing else: ``Q4_0`` /
+  ``Q5_0`` / ``Q8_0`` (the smallest whose integer range holds the element's values, so qformat's
+  symmetric int4 g32 is ``Q4_0`` with ``q = code + 8``); with a bias per 32 added (or subtracted)
+  and non-negative codes: ``Q4_1`` / ``Q5_1``;
+- the K-quants' two-level form (a nested scale per 16 or 32 whose own scale is the super-block
+  ``d``, a nested subtracted minimum times ``dmin``): ``Q2_K`` ... ``Q6_K``;
+- E2M1 codes (or gguf-py's codebook) with an ``F8_E8M0`` scale per 32, or the converter's form
+  with ggml's exponent table: ``MXFP4``;
+- plain ``F32``/``F16``/``BF16``/``F64``/``I8``/``I16``/``I32``/``I64`` tensors as themselves.
+
+The block layouts are the converter's tables (:data:`qformat.convert.gguf.TYPES`), run the
+other way: codes are OR-ed into their bits of each block (:func:`_insert`), ``d``/``m``/``dmin``
+stored as ``F16`` (a scale stored in another dtype is converted, and the exactness check refuses
+it unless every value survives).  :func:`_decode` is gguf-py's ``dequantize`` arithmetic in
+NumPy: binary32, ``d`` widened from ``F16``, one rounding per product, in its order.
+
+Names and metadata: a source that ``qformat convert`` made from a GGUF file keeps its tensor
+names, tensor order, alignment and every key/value pair with its type (``__metadata__["gguf"]``
+and the ``gguf.kv.*`` tensors, which are not exported as tensors).  A Hugging Face llama-family
+checkpoint (``model_type`` llama, mistral: architecture ``llama``; qwen2: ``qwen2``) gets the
+keys llama.cpp reads, llama.cpp's tensor names, and for ``llama`` the rotary row permutation of
+``q_proj``/``k_proj`` (convert_hf_to_gguf.py ``LlamaModel.permute``; whole rows of blocks move,
+which is exact; Llama 3 rope scaling adds ``rope_freqs.weight``), and a byte-level BPE
+``tokenizer.json`` as llama.cpp's ``gpt2`` tokenizer keys.  Anything else keeps its names, with
+``general.architecture`` set from ``config.json``'s ``model_type`` when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..container import TensorSpec
+from ..convert.gguf import _MXFP4_DOUBLED, KV_TENSOR_PREFIX, METADATA_KEY, PLAIN, TYPES, _Field, _Type, e8m0_half
+from ..convert.gguf_file import DEFAULT_ALIGNMENT, GGML_TYPES, MAX_DIMS
+from ..descriptor import Descriptor, Param
+from ..dtypes import storage_name
+from ..errors import error
+from .base import Context, ExportPlan, Mapped, Parts, Refusal, Target, compare, int_element, not_exact, require, row_groups, unmappable
+from .gguf_writer import TensorEntry, write_gguf
+
+#: safetensors dtype -> ggml type name of the plain tensor types GGUF has.
+PLAIN_TYPES: dict[str, str] = {str(storage_name(dt)): GGML_TYPES[i][0] for i, dt in PLAIN.items()}
+#: Scale/minimum storage dtypes converted to ggml's F16 (the exactness check verifies each value).
+FLOAT_STORAGE = ("F16", "F32", "BF16", "F64")
+#: ggml type name -> its block layout (the converter's table).
+BY_NAME: dict[str, _Type] = {t.name: t for t in TYPES.values()}
+#: Integer block types without a minimum: (type, lowest and highest value of q as decoded).
+SYMMETRIC = (("Q4_0", -8, 7), ("Q5_0", -16, 15), ("Q8_0", -128, 127))
+#: Integer block types with an added minimum m: d * q + m.
+AFFINE = (("Q4_1", 0, 15), ("Q5_1", 0, 31))
+#: gguf-py's MXFP4 values halved: E2M1 (code 8 is +0 in ggml).
+MXFP4_VALUES = _MXFP4_DOUBLED * np.float32(0.5)
+#: The most frequent ggml type of the 2-D weights -> general.file_type (gguf-py LlamaFileType).
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,
+              "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32, "MXFP4": 38}
+#: Hugging Face model_type -> (GGUF architecture, whether q/k rows are permuted for llama.cpp's rotary).
+ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False)}
+#: Hugging Face tensor names -> llama.cpp's (gguf-py tensor_mapping.py, MODEL_TENSOR names).
+HF_NAMES: tuple[tuple[str, str], ...] = (
+    (r"model\.embed_tokens\.weight", "token_embd.weight"),
+    (r"model\.norm\.weight", "output_norm.weight"),
+    (r"lm_head\.weight", "output.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.q_proj\.(weight|bias)", r"blk.\1.attn_q.\2"),
+    (r"model\.layers\.(\d+)\.self_attn\.k_proj\.(weight|bias)", r"blk.\1.attn_k.\2"),
+    (r"model\.layers\.(\d+)\.self_attn\.v_proj\.(weight|bias)", r"blk.\1.attn_v.\2"),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.(weight|bias)", r"blk.\1.attn_output.\2"),
+    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", r"blk.\1.ffn_gate.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", r"blk.\1.ffn_up.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"blk.\1.ffn_down.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blk.\1.attn_norm.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blk.\1.ffn_norm.weight"),
+)
+#: Hugging Face tensors llama.cpp does not use (convert_hf_to_gguf.py skips them).
+HF_SKIPPED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
+
+
+# -- integer codes ---------------------------------------------------------------------------------
+def int_range(bits: int, signedness: str) -> tuple[int, int]:
+    """Lowest and highest value of a plain integer element."""
+    if signedness == "unsigned":
+        return 0, (1 << bits) - 1
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+
+def code_values(bits: int, signedness: str) -> np.ndarray:
+    """The integer value of each of the 2^bits codes (int64)."""
+    c = np.arange(1 << bits, dtype=np.int64)
+    if signedness == "unsigned":
+        return c
+    half = 1 << (bits - 1)
+    if signedness == "offset_binary":
+        return c - half
+    return np.where(c >= half, c - (1 << bits), c)
+
+
+def encode_values(v: np.ndarray, bits: int, signedness: str) -> np.ndarray:
+    """Codes (uint8) of a field of ``bits`` / ``signedness`` holding integer values ``v``."""
+    v = np.asarray(v, np.int64)
+    if signedness == "offset_binary":
+        v = v + (1 << (bits - 1))
+    return (v & ((1 << bits) - 1)).astype(np.uint8)
+
+
+# -- blocks ----------------------------------------------------------------------------------------
+def _insert(blocks: np.ndarray, f: _Field, codes: np.ndarray) -> None:
+    """OR ``codes`` ([nblocks, codes per block], below 2^bits) into their bits of ``blocks``:
+    the inverse of ``_Field.extract`` over the same compiled runs."""
+    for runs in f._runs:  # type: ignore[attr-defined]
+        for c0, n, b0, rs, mask, ls in runs:
+            v = codes[:, c0 : c0 + n]
+            if ls:
+                v = v >> np.uint8(ls)
+            if mask != 0xFF:
+                v = v & np.uint8(mask)
+            if rs:
+                v = v << np.uint8(rs)
+            blocks[:, b0 : b0 + n] |= v
+
+
+def _put_f16(blocks: np.ndarray, off: int, bits: np.ndarray) -> None:
+    blocks[:, off : off + 2] = np.ascontiguousarray(bits, "<u2").reshape(-1, 1).view(np.uint8)
+
+
+def _f16(blocks: np.ndarray, off: int) -> np.ndarray:
+    """The F16 field at byte ``off`` of every block, widened to binary32 (as gguf-py does)."""
+    return np.ascontiguousarray(blocks[:, off : off + 2]).view("<f2").reshape(-1).astype(np.float32)
+
+
+def _values(f: _Field, blocks: np.ndarray) -> np.ndarray:
+    """The codes of a field as binary32 integer values (their signedness applied)."""
+    return code_values(f.bits, f.signedness).astype(np.float32)[f.extract(blocks)]
+
+
+def _f16_bits(parts: Parts, role: str) -> np.ndarray:
+    """A stored parameter as F16 bit patterns (flat, grid order): F16 as stored, bit for bit;
+    another float dtype rounded to F16 (exact only if every value is an F16 value)."""
+    if parts.storage(role) == "F16":
+        return parts.grid(role).reshape(-1).view(np.uint16)
+    with np.errstate(over="ignore"):
+        return parts.values(role).reshape(-1).astype(np.float16).view(np.uint16)
+
+
+def _decode(t: _Type, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """gguf-py's ``quants.dequantize`` of ``raw`` blocks of type ``t`` in NumPy (binary32)."""
+    b = np.asarray(raw).reshape(-1, t.size)
+    n = b.shape[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        if t.name == "MXFP4":  # d = 2^(e-128) (ggml_e8m0_to_fp32_half); d * kvalues[q]
+            return (e8m0_half(b[:, t.d])[:, None] * _MXFP4_DOUBLED[t.codes.extract(b)]).reshape(shape)
+        d = _f16(b, t.d)
+        out = _values(t.codes, b)  # a new array: the products are made in place (one rounding each)
+        if t.sub is None:  # Q4_0, Q5_0, Q8_0: d * q; Q4_1, Q5_1: d * q + m
+            out *= d[:, None]
+            if t.m is not None:
+                out += _f16(b, t.m)[:, None]
+            return out.reshape(shape)
+        assert t.sc is not None
+        per = t.block // t.sub  # K-quants: (d * sc) * q [- dmin * m] per sub-block
+        out = out.reshape(n, per, t.sub)
+        out *= (d[:, None] * _values(t.sc, b))[:, :, None]
+        if t.mins is not None:
+            assert t.dmin is not None
+            out -= (_f16(b, t.dmin)[:, None] * _values(t.mins, b))[:, :, None]
+        return out.reshape(shape)
+
+
+# -- mapping one tensor ----------------------------------------------------------------------------
+def _stored_float(p: Param | None, ctx: Context, role: str) -> None:
+    """A parameter stored in a float dtype ggml's F16 can take (checked on the data).  A
+    parameter of a re-encoded (--allow-rounding) tensor is not in the checkpoint: its scheme
+    stores F16 by construction."""
+    require(p is not None and p.encoded is None and p.tensor is not None, f"the {role} is not a stored parameter")
+    assert p is not None and p.tensor is not None
+    info = ctx.source.info(p.tensor)
+    require(info is None or info.dtype in FLOAT_STORAGE,
+            f"the {role} is stored as {info.dtype if info else ''}; ggml block types hold F16 (from {', '.join(FLOAT_STORAGE)})")
+
+
+def _quantized(name: str, out: str, desc: Descriptor, ctx: Context) -> Mapped:
+    shape = tuple(desc.shape)
+    require(1 <= len(shape) <= MAX_DIMS, f"rank {len(shape)}; GGUF tensors have 1 to {MAX_DIMS} axes")
+    require(desc.zero is None, "a zero point (asymmetric codes); ggml block types have none (Q4_1/Q5_1 add a minimum after the scale, which rounds differently)")
+    ext = [e.name for e in desc.extensions if e.must_understand]
+    require(not ext, f"extension {', '.join(ext)}")
+    require(desc.scale is not None, "no scale; every ggml block type has one")
+    assert desc.scale is not None
+    require(desc.scale.op == "multiply", f"scale op {desc.scale.op}")
+    el = desc.codes.element
+    if el.type in ("float", "codebook") and el.bits == 4:
+        return _mxfp4(name, out, desc, ctx)
+    if desc.scale.encoded is not None:
+        return _kquant(name, out, desc, ctx)
+    return _simple(name, out, desc, ctx)
+
+
+def _blocks_of(desc: Descriptor, p: Param | None, size: int, role: str) -> None:
+    g = row_groups(p, tuple(desc.shape))
+    require(g == size, f"{role} groups of {g} along the last axis; this ggml type has one per {size}" if g else
+            f"the {role} is not one value per group of the last axis; ggml blocks run along rows")
+    require(desc.shape[-1] % size == 0, f"rows of {desc.shape[-1]}, not a multiple of the block size {size}")
+
+
+def _simple(name: str, out: str, desc: Descriptor, ctx: Context) -> Mapped:
+    """Q4_0/Q5_0/Q8_0 (d * q) and Q4_1/Q5_1 (d * q + m): integer codes, F16 values per 32."""
+    el = desc.codes.element
+    ie = int_element(el)
+    require(ie is not None, f"{el.type} element {el.format or el.bits}; ggml's integer block types need plain integer codes (MXFP4: E2M1)")
+    assert ie is not None
+    bits, sgn = ie
+    lo, hi = int_range(bits, sgn)
+    _blocks_of(desc, desc.scale, 32, "scale")
+    _stored_float(desc.scale, ctx, "scale")
+    if desc.bias is None:
+        choice = [t for t, tlo, thi in SYMMETRIC if tlo <= lo and hi <= thi]
+        require(bool(choice), f"{bits}-bit {sgn} codes ({lo}..{hi}) fit no ggml type (Q8_0 holds -128..127)")
+        negate = False
+    else:
+        b = desc.bias
+        require(b.op in ("add", "subtract"), f"bias op {b.op}")
+        _blocks_of(desc, b, 32, "bias")
+        _stored_float(b, ctx, "bias")
+        choice = [t for t, tlo, thi in AFFINE if tlo <= lo and hi <= thi]
+        require(bool(choice), f"{bits}-bit {sgn} codes ({lo}..{hi}) with a minimum fit no ggml type (Q4_1 holds 0..15, Q5_1 0..31)")
+        negate = b.op == "subtract"  # x*s - b == x*s + (-b); negating an F16 is exact
+    t = BY_NAME[choice[0]]
+    lut = encode_values(code_values(bits, sgn), t.codes.bits, t.codes.signedness)
+    shape = tuple(desc.shape)
+    lead, K = shape[:-1], shape[-1]
+
+    def build(parts: Parts) -> Mapping[str, np.ndarray]:
+        codes = lut[parts.codes()].reshape(-1, t.block)
+        blocks = np.zeros((codes.shape[0], t.size), np.uint8)
+        _insert(blocks, t.codes, codes)
+        del codes
+        _put_f16(blocks, t.d, _f16_bits(parts, "scale"))
+        if t.m is not None:
+            m = _f16_bits(parts, "bias")
+            _put_f16(blocks, t.m, m ^ np.uint16(0x8000) if negate else m)
+        return {out: blocks.reshape(lead + (K // t.block * t.size,))}
+
+    return Mapped(t.name, [TensorSpec(out, t.name, shape)], build, lambda a: _decode(t, a[out], shape), {"ggml_type": t.name})
+
+
+def _kquant(name: str, out: str, desc: Descriptor, ctx: Context) -> Mapped:
+    """Q2_K ... Q6_K: codes times a nested sub-block scale (codes times the super-block d),
+    minus a nested sub-block minimum (codes times dmin) for Q2_K, Q4_K and Q5_K."""
+    shape = tuple(desc.shape)
+    lead, K = shape[:-1], shape[-1]
+    ie = int_element(desc.codes.element)
+    require(ie is not None, "an encoded scale over non-integer codes (K-quants have integer codes)")
+    sub = row_groups(desc.scale, shape)
+    inner_sc = desc.scale.encoded if desc.scale is not None else None
+    assert inner_sc is not None
+    sc_el = int_element(inner_sc.codes.element)
+    bias_el = None
+    if desc.bias is not None:
+        require(desc.bias.encoded is not None and desc.bias.op in ("add", "subtract"), "a K-quant minimum must be an encoded (nested) bias")
+        assert desc.bias.encoded is not None
+        bias_el = int_element(desc.bias.encoded.codes.element)
+    found = [t for t in TYPES.values() if t.sub is not None and t.sub == sub and ie == (t.codes.bits, t.codes.signedness)
+             and t.sc is not None and sc_el == (t.sc.bits, t.sc.signedness) and (t.mins is None) == (desc.bias is None)
+             and (t.mins is None or bias_el == (t.mins.bits, t.mins.signedness))]
+    require(len(found) == 1, f"a two-level scale (sub-blocks of {sub}, {ie} codes, {sc_el} sub-block scales"
+            f"{', a minimum' if desc.bias is not None else ''}) that is none of ggml's K-quants")
+    t = found[0]
+    require(K % t.block == 0, f"rows of {K}, not a multiple of the {t.name} super-block {t.block}")
+    per = t.block // t.sub  # type: ignore[operator]
+    for role, inner in (("scale", inner_sc), ("bias", desc.bias.encoded if desc.bias is not None else None)):
+        if inner is None:
+            continue
+        require(tuple(inner.shape) == lead + (K // sub,), f"the nested {role} has shape {list(inner.shape)}")  # type: ignore[operator]
+        require(inner.zero is None and inner.bias is None and inner.scale is not None and inner.scale.op == "multiply",
+                f"the nested {role} is not codes times one super-block value")
+        _blocks_of(inner, inner.scale, per, f"nested {role} scale")
+        _stored_float(inner.scale, ctx, f"nested {role} scale")
+    negate = desc.bias is not None and desc.bias.op == "add"  # x*s + dmin*m == x*s - (-dmin)*m
+
+    def build(parts: Parts) -> Mapping[str, np.ndarray]:
+        codes = parts.codes().reshape(-1, t.block)
+        blocks = np.zeros((codes.shape[0], t.size), np.uint8)
+        _insert(blocks, t.codes, codes)
+        del codes
+        ps = parts.nested("scale")
+        _insert(blocks, t.sc, ps.codes().reshape(-1, per))  # type: ignore[arg-type]
+        _put_f16(blocks, t.d, _f16_bits(ps, "scale"))
+        if t.mins is not None:
+            assert t.dmin is not None
+            pb = parts.nested("bias")
+            _insert(blocks, t.mins, pb.codes().reshape(-1, per))
+            dm = _f16_bits(pb, "scale")
+            _put_f16(blocks, t.dmin, dm ^ np.uint16(0x8000) if negate else dm)
+        return {out: blocks.reshape(lead + (K // t.block * t.size,))}
+
+    return Mapped(t.name, [TensorSpec(out, t.name, shape)], build, lambda a: _decode(t, a[out], shape), {"ggml_type": t.name})
+
+
+def _same(a: np.ndarray, b: np.ndarray, zero_sign: bool = False) -> bool:
+    a, b = np.asarray(a, np.float32).reshape(-1), np.asarray(b, np.float32).reshape(-1)
+    if a.shape != b.shape:
+        return False
+    same = a.view(np.uint32) == b.view(np.uint32)
+    if zero_sign:
+        same |= (a == 0) & (b == 0)
+    return bool(same.all())
+
+
+def _mxfp4(name: str, out: str, desc: Descriptor, ctx: Context) -> Mapped:
+    """MXFP4: E2M1 codes times 2^(e-127) per 32 (ggml: kvalues[q] * 2^(e-128), doubled values).
+    ggml has no -0: a code whose value is -0.0 (E2M1's code 8) decodes as +0.0 there."""
+    shape = tuple(desc.shape)
+    lead, K = shape[:-1], shape[-1]
+    require(desc.bias is None, "a bias; MXFP4 has none")
+    _blocks_of(desc, desc.scale, 32, "scale")
+    assert desc.scale is not None
+    table = Parts(desc, ctx.source, name).element_values()  # 16 values: read now, it decides the form
+    sc = desc.scale
+    if sc.encoded is None:
+        info = ctx.source.info(sc.tensor) if sc.tensor else None
+        require(info is not None and info.dtype == "F8_E8M0", f"MXFP4 scales are E8M0 exponents; this one is stored as {info.dtype if info else 'nothing'}")
+        require(_same(table, MXFP4_VALUES, zero_sign=True), "4-bit codes whose values are not E2M1's")
+    else:
+        inner = sc.encoded
+        require(inner.zero is None and inner.scale is None and inner.bias is None and inner.codes.element.type == "codebook"
+                and inner.codes.element.bits == 8 and tuple(inner.shape) == lead + (K // 32,),
+                "an encoded scale that is not ggml's E8M0 table")
+        inner_table = Parts(inner, ctx.source, name).element_values()
+        require(_same(inner_table, e8m0_half(np.arange(256))), "an encoded scale that is not ggml's E8M0 table (2^(e-128))")
+        require(_same(table, _MXFP4_DOUBLED, zero_sign=True), "4-bit codes whose values are not ggml's MXFP4 kvalues")
+    neg_zero = bool((np.signbit(table) & (table == 0)).any())
+    t = BY_NAME["MXFP4"]
+
+    def decode(a: Mapping[str, np.ndarray]) -> np.ndarray:
+        return _decode(t, a[out], shape)
+
+    def build(parts: Parts) -> Mapping[str, np.ndarray]:
+        codes = parts.codes().reshape(-1, 32)
+        blocks = np.zeros((codes.shape[0], t.size), np.uint8)
+        _insert(blocks, t.codes, codes)
+        del codes
+        if sc.encoded is None and parts.storage("scale") != "F8_E8M0":
+            raise unmappable(name, "gguf", f"MXFP4 scales are E8M0 exponents; this one is stored as {parts.storage('scale')}")
+        e = parts.grid("scale").view(np.uint8) if sc.encoded is None else parts.nested("scale").codes()
+        blocks[:, t.d] = e.reshape(-1)
+        arrays = {out: blocks.reshape(lead + (K // 32 * t.size,))}
+        if neg_zero and not ctx.allow_rounding:
+            _zero_sign(name, parts, decode(arrays))
+        return arrays
+
+    return Mapped(t.name, [TensorSpec(out, t.name, shape)], build, decode, {"ggml_type": t.name})
+
+
+def _zero_sign(name: str, parts: Parts, got: np.ndarray) -> None:
+    """Refuse, saying so, a tensor whose only differences are -0.0 that ggml reads as +0.0."""
+    want = parts.decoded()
+    c = compare(want, got)
+    if c.exact:
+        return
+    w, g = want.reshape(-1), got.reshape(-1)
+    differ = (w.view(np.uint32) != g.view(np.uint32)) & ~(np.isnan(w) & np.isnan(g))
+    if bool(((w[differ] == 0) & (g[differ] == 0)).all()):
+        raise not_exact(name, "gguf", f"{c.mismatches} values differ only in the sign of zero: they are -0.0 (E2M1 code 8) and "
+                        "ggml's MXFP4 decodes code 8 as +0.0, so -0.0 has no MXFP4 form")
+
+
+def _plain(name: str, out: str, ctx: Context) -> Mapped:
+    info = ctx.source.info(name)
+    require(info is not None, "the tensor is not readable from this source (export from a qformat checkpoint: `qformat convert` a GGUF file first)")
+    assert info is not None
+    ggml = PLAIN_TYPES.get(info.dtype)
+    require(ggml is not None, f"dtype {info.dtype}; GGUF's plain types are {', '.join(PLAIN_TYPES)}")
+    assert ggml is not None
+    shape = tuple(int(s) for s in info.shape)
+    require(1 <= len(shape) <= MAX_DIMS, f"rank {len(shape)}; GGUF tensors have 1 to {MAX_DIMS} axes")
+
+    def build(parts: Parts) -> Mapping[str, np.ndarray]:
+        return {out: np.asarray(parts.src.array(name))}
+
+    return Mapped(ggml, [TensorSpec(out, ggml, shape)], build, None, {"ggml_type": ggml})
+
+
+def _permuted(m: Mapped, perm: np.ndarray) -> Mapped:
+    """``m`` with its rows (axis 0) reordered: target row i is source row ``perm[i]``.  Rows of
+    whole blocks move as they are; the decode puts them back for the comparison."""
+    inv = np.argsort(perm)
+
+    def build(parts: Parts) -> Mapping[str, np.ndarray]:
+        return {k: np.ascontiguousarray(np.asarray(v)[perm]) for k, v in m.build(parts).items()}
+
+    decode = None
+    if m.decode is not None:
+        inner = m.decode
+
+        def decode(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+            return inner(arrays)[inv]
+
+    return Mapped(m.kind, m.specs, build, decode, dict(m.info, permuted=True))
+
+
+def rotary_permutation(rows: int, n_head: int) -> np.ndarray:
+    """llama.cpp's q/k row order (convert_hf_to_gguf.py ``LlamaModel.permute``): per head, the
+    two halves of the head's rows interleaved.  Row i of the result is source row ``perm[i]``."""
+    return np.arange(rows).reshape(n_head, 2, rows // n_head // 2).swapaxes(1, 2).reshape(-1)
+
+
+# -- the model: names and key/value metadata ---------------------------------------------------------
+@dataclass
+class _Model:
+    """How a source's tensors are named and which KVs go with them."""
+
+    mode: str  # "gguf" (converted from GGUF), "hf" (llama family), "plain"
+    kvs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    alignment: int = DEFAULT_ALIGNMENT
+    order: list[str] = field(default_factory=list)
+    arch: str | None = None
+    permute: bool = False
+    config: dict[str, Any] = field(default_factory=dict)
+    problem: str | None = None  # a reason every tensor is refused
+
+    def rename(self, name: str) -> str | None:
+        """The GGUF name of tensor ``name`` (None: not exported), or :class:`Refusal`."""
+        if self.problem is not None:
+            raise Refusal(self.problem)
+        if self.mode == "gguf":
+            return None if name.startswith(KV_TENSOR_PREFIX) else name
+        if self.mode != "hf":
+            return name
+        for pat in HF_SKIPPED:
+            if re.fullmatch(pat, name):
+                return None
+        for pat, repl in HF_NAMES:
+            if re.fullmatch(pat, name):
+                return re.sub(pat, repl, name)
+        raise Refusal(f"no llama.cpp tensor name for {name!r} in architecture {self.arch}")
+
+    def permutation(self, name: str, shape: tuple[int, ...], quantized: bool) -> np.ndarray | None:
+        if self.mode != "hf" or not self.permute:
+            return None
+        m = re.fullmatch(r"model\.layers\.\d+\.self_attn\.(q|k)_proj\.(weight|bias)", name)
+        if m is None:
+            return None
+        heads = int(self.config["num_attention_heads"])
+        if m.group(1) == "k":
+            heads = int(self.config.get("num_key_value_heads") or heads)
+        require(bool(shape) and shape[0] % (2 * heads) == 0, f"{shape[0] if shape else 0} rows do not split into {heads} heads of two halves")
+        require(len(shape) == 2 or not quantized, "a quantized 1-D q/k tensor cannot have its elements permuted for rotary")
+        return rotary_permutation(shape[0], heads)
+
+
+def _gguf_metadata(ck: Any) -> dict[str, Any] | None:
+    if ck is None or ck.kind != "safetensors":
+        return None
+    for f in ck.files:
+        text = ck.metadata(f).get(METADATA_KEY)
+        if text is not None:
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                raise error("CONVERT_SOURCE_INVALID", f"{f}: __metadata__[{METADATA_KEY!r}] is not JSON") from None
+            if isinstance(obj, dict) and isinstance(obj.get("kv"), dict):
+                return obj
+            raise error("CONVERT_SOURCE_INVALID", f"{f}: __metadata__[{METADATA_KEY!r}] has no kv object")
+    return None
+
+
+def _model(ctx: Context) -> _Model:
+    ck = ctx.checkpoint
+    if getattr(ck, "kind", None) == "gguf":
+        return _Model("plain", problem="the source is a GGUF file already; export reads qformat checkpoints (`qformat convert` it first)")
+    meta = _gguf_metadata(ck)
+    if meta is not None:
+        kvs = [(k, _restored(ctx, k, v)) for k, v in meta["kv"].items()]
+        order = [t[0] for t in meta.get("tensors", []) if isinstance(t, list) and t]
+        return _Model("gguf", kvs, int(meta.get("alignment", DEFAULT_ALIGNMENT)), order)
+    cfg = ctx.config if isinstance(ctx.config, dict) else {}
+    mt = cfg.get("model_type")
+    if mt in ARCHITECTURES:
+        arch, permute = ARCHITECTURES[str(mt)]
+        model = _Model("hf", arch=arch, permute=permute, config=cfg)
+        model.problem = _unsupported_config(cfg)
+        return model
+    return _Model("plain", arch=str(mt) if isinstance(mt, str) else None, config=cfg)
+
+
+def _restored(ctx: Context, key: str, v: Any) -> dict[str, Any]:
+    """A KV as the converter recorded it: inline, or moved into its ``gguf.kv.<key>`` tensor."""
+    if isinstance(v, dict) and "tensor" in v:
+        raw = np.asarray(ctx.source.array(str(v["tensor"]))).view(np.uint8)
+        try:
+            v = json.loads(raw.tobytes().decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise error("CONVERT_SOURCE_INVALID", f"the tensor {v['tensor']!r} does not hold the JSON of the GGUF key {key!r}", tensor=str(v["tensor"])) from None
+    if not isinstance(v, dict) or "type" not in v or "value" not in v:
+        raise error("CONVERT_SOURCE_INVALID", f"the GGUF key {key!r} is recorded without a type and value", field=f"gguf.kv[{key}]")
+    return v
+
+
+def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return rp if isinstance(rp, dict) else {}
+
+
+def _unsupported_config(cfg: dict[str, Any]) -> str | None:
+    for k in ("num_attention_heads", "hidden_size", "num_hidden_layers"):
+        if not isinstance(cfg.get(k), int):
+            return f"config.json has no integer {k}"
+    rt = _rope_type(cfg)
+    if rt not in ("default", "linear", "llama3", None) or (rt == "llama3" and ARCHITECTURES[cfg["model_type"]][0] != "llama"):
+        return f"rope type {rt!r} (llama.cpp needs extra tensors or keys for it that this exporter does not write)"
+    return None
+
+
+def _rope_type(cfg: dict[str, Any]) -> Any:
+    rp = _rope(cfg)
+    return rp.get("rope_type", rp.get("type", "default"))
+
+
+def _head_dim(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+
+
+def llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
+    """``rope_freqs.weight`` for Llama 3 rope scaling, as convert_hf_to_gguf.py's
+    ``LlamaModel.generate_extra_tensors`` computes it (binary32 throughout, as its torch code)."""
+    rp = _rope(cfg)
+    f32 = np.float32
+    base = f32(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    dim = _head_dim(cfg)
+    freqs = f32(1.0) / (base ** (np.arange(0, dim, 2, dtype=f32) / f32(dim)))
+    factor = f32(rp.get("factor", 8.0))
+    low, high = f32(rp.get("low_freq_factor", 1.0)), f32(rp.get("high_freq_factor", 4.0))
+    old = f32(rp.get("original_max_position_embeddings", 8192))
+    low_wavelen, high_wavelen = old / low, old / high
+    out = []
+    for freq in freqs:
+        wavelen = f32(2 * np.pi) / freq
+        if wavelen < high_wavelen:
+            out.append(f32(1))
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(f32(1) / ((f32(1) - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
+def _u32(v: Any) -> dict[str, Any]:
+    return {"type": "uint32", "value": int(v)}
+
+
+def _f32(v: Any) -> dict[str, Any]:
+    return {"type": "float32", "value": float(np.float32(v))}
+
+
+def _hf_kvs(model: _Model, entries: list[TensorEntry], name: str, ck: Any = None) -> list[tuple[str, dict[str, Any]]]:
+    """The keys llama.cpp reads for a llama-family model (convert_hf_to_gguf.py's TextModel /
+    LlamaModel ``set_gguf_parameters``), from config.json."""
+    cfg, a = model.config, str(model.arch)
+    heads = int(cfg["num_attention_heads"])
+    head_dim = _head_dim(cfg)
+    rope = _rope(cfg)
+    kv: list[tuple[str, dict[str, Any]]] = [
+        ("general.architecture", {"type": "string", "value": a}),
+        ("general.type", {"type": "string", "value": "model"}),
+        ("general.name", {"type": "string", "value": name}),
+        (f"{a}.block_count", _u32(cfg["num_hidden_layers"])),
+    ]
+    if cfg.get("max_position_embeddings"):
+        kv.append((f"{a}.context_length", _u32(cfg["max_position_embeddings"])))
+    kv.append((f"{a}.embedding_length", _u32(cfg["hidden_size"])))
+    if cfg.get("intermediate_size"):
+        kv.append((f"{a}.feed_forward_length", _u32(cfg["intermediate_size"])))
+    kv.append((f"{a}.attention.head_count", _u32(heads)))
+    kv.append((f"{a}.attention.head_count_kv", _u32(cfg.get("num_key_value_heads") or heads)))
+    theta = cfg.get("rope_theta", rope.get("rope_theta"))
+    if theta is not None:
+        kv.append((f"{a}.rope.freq_base", _f32(theta)))
+    if cfg.get("rms_norm_eps") is not None:
+        kv.append((f"{a}.attention.layer_norm_rms_epsilon", _f32(cfg["rms_norm_eps"])))
+    if cfg.get("head_dim"):
+        kv.append((f"{a}.attention.key_length", _u32(head_dim)))
+        kv.append((f"{a}.attention.value_length", _u32(head_dim)))
+    if rope.get("rope_type", rope.get("type")) == "linear":
+        kv.append((f"{a}.rope.scaling.type", {"type": "string", "value": "linear"}))
+        kv.append((f"{a}.rope.scaling.factor", _f32(rope["factor"])))
+    ft = _file_type(entries)
+    if ft is not None:
+        kv.append(("general.file_type", _u32(ft)))
+    if cfg.get("vocab_size"):
+        kv.append((f"{a}.vocab_size", _u32(cfg["vocab_size"])))
+    kv.append((f"{a}.rope.dimension_count", _u32(head_dim)))
+    if any(e.ggml_type not in PLAIN_TYPES.values() for e in entries):
+        kv.append(("general.quantization_version", _u32(2)))
+    return kv + _tokenizer_kvs(ck, cfg.get("vocab_size"))
+
+
+def _file_type(entries: list[TensorEntry]) -> int | None:
+    """general.file_type: the most frequent type of the 2-D tensors (llama.cpp's "mostly")."""
+    count: dict[str, int] = {}
+    for e in entries:
+        if len(e.shape) >= 2:
+            count[e.ggml_type] = count.get(e.ggml_type, 0) + 1
+    if not count:
+        return None
+    top = max(count, key=lambda k: count[k])
+    return FILE_TYPES.get(top)
+
+
+# -- the tokenizer -------------------------------------------------------------------------------------
+#: gguf-py TokenType values.
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
+SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+_LOOKS_SPECIAL = ("<s>", "</s>", "<pad>", "<unk>", "<mask>", "<cls>", "<sep>")
+
+
+def _tokenizer_kvs(ck: Any, vocab_size: int | None) -> list[tuple[str, dict[str, Any]]]:
+    """A byte-level BPE ``tokenizer.json`` (GPT-2 style: what gguf-py's ``BpeVocab`` accepts) as
+    llama.cpp's ``gpt2`` tokenizer keys, as convert_hf_to_gguf.py ``_set_vocab_gpt2`` and gguf-py's
+    ``SpecialVocab`` write them: tokens by id (``[PAD<i>]`` for unused ids), their types, the
+    merges, the special token ids, ``add_<type>_token`` and the chat template.  No keys when
+    there is no such tokenizer (a SentencePiece one included).  ``tokenizer.ggml.pre`` is not
+    written: llama.cpp derives it from a hash of the tokenizer's output, which needs the
+    tokenizer itself; it then uses its default pre-tokenizer."""
+    tj = ck.side_json("tokenizer.json") if ck is not None and ck.kind == "safetensors" else None
+    if not isinstance(tj, dict):
+        return []
+    model = tj.get("model") or {}
+    decoder = tj.get("decoder") or {}
+    if model.get("type") != "BPE" or model.get("byte_fallback") or decoder.get("type") != "ByteLevel" or not isinstance(model.get("vocab"), dict):
+        return []
+    added = [a for a in tj.get("added_tokens") or [] if isinstance(a, dict) and isinstance(a.get("id"), int)]
+    by_id: dict[int, tuple[str, int]] = {int(i): (str(t), NORMAL) for t, i in model["vocab"].items()}
+    for a in added:
+        text = str(a.get("content", ""))
+        special = bool(a.get("special")) or (text.startswith("<|") and text.endswith("|>")) or text in _LOOKS_SPECIAL
+        by_id[a["id"]] = (text, CONTROL) if special else (text.replace("\u2581", " "), USER_DEFINED)
+    n = max(vocab_size or 0, max(by_id) + 1 if by_id else 0)
+    tokens = [by_id.get(i, (f"[PAD{i}]", UNUSED)) for i in range(n)]
+    kv: list[tuple[str, dict[str, Any]]] = [
+        ("tokenizer.ggml.model", {"type": "string", "value": "gpt2"}),
+        ("tokenizer.ggml.tokens", {"type": "array", "element_type": "string", "value": [t for t, _ in tokens]}),
+        ("tokenizer.ggml.token_type", {"type": "array", "element_type": "int32", "value": [k for _, k in tokens]}),
+    ]
+    merges = _merges(model.get("merges"))
+    if merges:
+        kv.append(("tokenizer.ggml.merges", {"type": "array", "element_type": "string", "value": merges}))
+    kv += _special_kvs(ck, tj, added, n)
+    return kv
+
+
+def _merges(m: Any) -> list[str]:
+    """BPE merges as ``"a b"`` strings (the pair form of newer tokenizers with a space inside a
+    part encoded as U+0120... as gguf-py does: ``chr(ord(" ") + 256)``)."""
+    if not isinstance(m, list) or not m:
+        return []
+    if isinstance(m[0], str):
+        return [str(x) for x in m]
+    return [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part) for part in pair) for pair in m]
+
+
+def _content(entry: Any) -> Any:
+    return entry.get("content") if isinstance(entry, dict) else entry
+
+
+def _template_adds(tj: dict[str, Any], tc: dict[str, Any]) -> dict[str, bool]:
+    """Whether the post-processor's single-sequence template adds BOS first / EOS last (the
+    simple reading gguf-py's ``SpecialVocab`` makes of ``TemplateProcessing``)."""
+    pp = tj.get("post_processor") or {}
+    out: dict[str, bool] = {}
+    for proc in pp.get("processors", [pp]) if isinstance(pp, dict) else []:
+        single = proc.get("single") if isinstance(proc, dict) and proc.get("type") == "TemplateProcessing" else None
+        if not isinstance(single, list) or len(single) < 2:
+            continue
+        first = (single[0].get("SpecialToken") or {}).get("id") if isinstance(single[0], dict) else None
+        last = (single[-1].get("SpecialToken") or {}).get("id") if isinstance(single[-1], dict) else None
+        if first:
+            out["bos"] = first in (_content(tc.get("bos_token")), _content(tc.get("cls_token")))
+        if last:
+            out["eos"] = last == _content(tc.get("eos_token"))
+        sep = _pair_sep(proc.get("pair"), first, last, (_content(tc.get("sep_token")), _content(tc.get("eos_token"))))
+        if sep is not None:
+            out["sep"] = sep
+    return out
+
+
+def _pair_sep(pair: Any, first: Any, last: Any, seps: tuple[Any, Any]) -> bool | None:
+    """``A [sep] B`` in the pair template: whether a separator (sep or eos) joins the two
+    sequences (None: the template does not say)."""
+    if not isinstance(pair, list) or not pair or not all(isinstance(p, dict) for p in pair):
+        return None
+
+    def special(p: dict[str, Any]) -> Any:
+        return (p.get("SpecialToken") or {}).get("id")
+
+    start = 1 if first and special(pair[0]) == first else 0
+    stop = -1 if last and special(pair[-1]) == last else None
+    body = pair[start:stop]
+    if not body or (body[0].get("Sequence") or {}).get("id") != "A" or (body[-1].get("Sequence") or {}).get("id") != "B" or len(body) < 3:
+        return None
+    mid = body[1:-1]
+    known = [s for s in seps if s]
+    add = bool(special(mid[0]) in known and not last)
+    if len(mid) == 2 and special(mid[1]) in known:
+        add = True
+    return add
+
+
+def _special_kvs(ck: Any, tj: dict[str, Any], added: list[dict[str, Any]], n: int) -> list[tuple[str, dict[str, Any]]]:
+    """Special token ids (tokenizer_config.json's ``<type>_token`` looked up among the added
+    tokens, then config.json's ``<type>_token_id``), ``add_<type>_token`` and the chat template."""
+    tc = ck.side_json("tokenizer_config.json")
+    tc = tc if isinstance(tc, dict) else {}
+    cfg = ck.config if isinstance(ck.config, dict) else {}
+    ids: dict[str, int] = {}
+    adds: dict[str, bool] = {}
+    for typ in SPECIAL_TYPES:
+        content = _content(tc.get(f"{typ}_token"))
+        if isinstance(content, str):
+            tid = next((a["id"] for a in added if a.get("content") == content), None)
+            if isinstance(tid, int) and 0 <= tid < n:
+                ids[typ] = tid
+        if isinstance(tc.get(f"add_{typ}_token"), bool):
+            adds[typ] = bool(tc[f"add_{typ}_token"])
+    adds.update({k: v for k, v in _template_adds(tj, tc).items() if k not in adds})
+    for typ in SPECIAL_TYPES:
+        tid = cfg.get(f"{typ}_token_id")
+        if typ not in ids and isinstance(tid, int) and 0 <= tid < n:
+            ids[typ] = tid
+    kv: list[tuple[str, dict[str, Any]]] = [(f"tokenizer.ggml.{t}_token_id", _u32(i)) for t, i in ids.items()]
+    kv += [(f"tokenizer.ggml.add_{t}_token", {"type": "bool", "value": v}) for t, v in adds.items()]
+    if isinstance(tc.get("chat_template"), str):
+        kv.append(("tokenizer.chat_template", {"type": "string", "value": tc["chat_template"]}))
+    return kv
+
+
+# -- the target --------------------------------------------------------------------------------------
+class GGUF(Target):
+    """GGUF v3 files for llama.cpp: ggml block types, plain tensors, the source's metadata."""
+
+    name = "gguf"
+    title = "GGUF (llama.cpp / ggml)"
+    exact_schemes = (("int", {"bits": 8, "group_size": 32, "scale_dtype": "float16"}),
+                     ("int", {"bits": 4, "group_size": 32, "scale_dtype": "float16"}),
+                     ("int", {"bits": 5, "group_size": 32, "scale_dtype": "float16"}))
+
+    def __init__(self) -> None:
+        self._models: dict[int, _Model] = {}
+
+    def model(self, ctx: Context) -> _Model:
+        m = self._models.get(id(ctx))
+        if m is None:
+            m = self._models[id(ctx)] = _model(ctx)
+        return m
+
+    def map(self, name: str, desc: Descriptor | None, ctx: Context) -> Mapped:
+        model = self.model(ctx)
+        out = model.rename(name)
+        if out is None:  # metadata tensors, unused buffers: nothing to write
+            return Mapped("not exported", [], lambda _p: {})
+        if desc is None:
+            info = ctx.source.info(name)
+            mapped = _plain(name, out, ctx)
+            shape = tuple(info.shape) if info is not None else ()
+        else:
+            mapped = _quantized(name, out, desc, ctx)
+            shape = tuple(desc.shape)
+        perm = model.permutation(name, shape, desc is not None)
+        return _permuted(mapped, perm) if perm is not None else mapped
+
+    def fallback(self, name: str, desc: Descriptor, ctx: Context) -> tuple[str, dict[str, Any]] | None:
+        """int4 g32 F16 symmetric (Q4_0) for integer codes of 4 bits or fewer, else int8 g32 F16
+        (Q8_0); None when the rows are not a multiple of 32 or the tensor cannot be named."""
+        shape = tuple(desc.shape)
+        if not 1 <= len(shape) <= MAX_DIMS or shape[-1] % 32:
+            return None
+        try:
+            self.model(ctx).rename(name)
+        except Refusal:
+            return None
+        el = desc.codes.element
+        bits = 4 if el.type == "int" and el.bits <= 4 else 8
+        return "int", {"bits": bits, "group_size": 32, "symmetric": True, "scale_dtype": "float16"}
+
+    def write(self, dst: str, plan: ExportPlan, ctx: Context) -> list[str]:
+        from .. import checkpoint_output as out_
+        from ..checkpoint_writer import check_destination
+
+        check_destination(dst, False, bool(ctx.options.get("overwrite")))
+        model = self.model(ctx)
+        entries: list[TensorEntry] = []
+        for t in plan.tensors:
+            if not t.mapped.specs:
+                t.produce()  # records the tensor as handled; makes nothing
+                continue
+            (spec,) = t.mapped.specs
+            entries.append(TensorEntry(spec.name, spec.dtype, tuple(spec.shape), lambda t=t, n=spec.name: t.produce()[n]))
+        if model.order:
+            rank = {n: i for i, n in enumerate(model.order)}
+            entries.sort(key=lambda e: rank.get(e.name, len(rank)))
+        if model.mode == "hf" and _rope_type(model.config) == "llama3":
+            factors = llama3_rope_factors(model.config)  # llama.cpp's Llama 3 rope scaling is this tensor
+            entries.insert(0, TensorEntry("rope_freqs.weight", "F32", factors.shape, lambda: factors))
+        if model.mode == "gguf":
+            kvs = model.kvs
+        elif model.mode == "hf":
+            kvs = _hf_kvs(model, entries, str(model.config.get("_name_or_path") or _basename(ctx)), ctx.checkpoint)
+        else:
+            kvs = [("general.architecture", {"type": "string", "value": model.arch})] if model.arch else []
+        bar = out_.ByteProgress(sum(e.nbytes for e in entries), ctx.options.get("progress"), "export gguf")
+        release = getattr(ctx.checkpoint, "release", None)
+
+        def written(e: TensorEntry) -> None:
+            bar.advance(e.nbytes)
+            if release is not None:
+                release()
+
+        try:
+            write_gguf(dst, kvs, entries, alignment=model.alignment, written=written)
+        finally:
+            bar.close()
+        return [dst]
+
+
+def _basename(ctx: Context) -> str:
+    import os
+
+    p = getattr(ctx.checkpoint, "path", "") or ""
+    return os.path.splitext(os.path.basename(p.rstrip("/")))[0] or "model"

@@ -1,0 +1,201 @@
+// Node layer: files read by byte ranges through fs (the header first, then each tensor's own
+// bytes when it is decoded), and sharded checkpoints through *.safetensors.index.json (SPEC.md §14).
+
+import { closeSync, fstatSync, openSync, readSync, readFileSync, statSync } from "node:fs";
+import { basename, dirname, join, resolve } from "node:path";
+import { QFile } from "./index.js";
+import { error, sortedNames, QFormatError } from "./errors.js";
+import { JsonError, parseStrict } from "./json.js";
+import { LIMITS } from "./tables.js";
+
+export * from "./index.js";
+
+/**
+ * A ByteSource over a file descriptor: reads only the ranges asked for.
+ * @param {string} path
+ */
+export function fileSource(path) {
+  let fd;
+  try {
+    fd = openSync(path, "r");
+  } catch (e) {
+    throw error("FILE_UNREADABLE", `cannot read ${JSON.stringify(path)}: ${/** @type {Error} */ (e).message}`);
+  }
+  const size = fstatSync(fd).size;
+  return {
+    size,
+    fd,
+    read(/** @type {number} */ offset, /** @type {number} */ length) {
+      const buf = new Uint8Array(length);
+      let done = 0;
+      while (done < length) {
+        const n = readSync(/** @type {number} */ (fd), buf, done, length - done, offset + done);
+        if (n <= 0) throw error("FILE_UNREADABLE", `${path} ended while reading`);
+        done += n;
+      }
+      return buf;
+    },
+    close() {
+      if (fd !== undefined) closeSync(fd);
+      fd = undefined;
+    },
+  };
+}
+
+/** @param {string} path */
+function readable(path) {
+  let st;
+  try {
+    st = statSync(path);
+  } catch {
+    throw error("FILE_UNREADABLE", `${JSON.stringify(path)} does not exist`);
+  }
+  if (st.isDirectory()) throw error("FILE_UNREADABLE", `${JSON.stringify(path)} is a folder: open its index or one of its .safetensors files`);
+}
+
+/**
+ * Open a .safetensors file by path (byte ranges are read on demand).  Call close() when done.
+ * @param {string} path
+ */
+export function openFile(path) {
+  readable(path);
+  const src = fileSource(path);
+  try {
+    const f = new QFile(src);
+    /** @type {any} */ (f).close = () => src.close();
+    return /** @type {QFile & {close(): void}} */ (f);
+  } catch (e) {
+    src.close();
+    throw e;
+  }
+}
+
+/**
+ * Parse and validate a sharded checkpoint's index (SPEC.md §14): its weight map and shard names.
+ * @param {string} path @returns {{folder: string, weightMap: Map<string, string>, shards: string[]}}
+ */
+export function readIndex(path) {
+  let raw;
+  try {
+    raw = readFileSync(path);
+  } catch (e) {
+    throw error("FILE_UNREADABLE", `cannot read ${JSON.stringify(path)}: ${/** @type {Error} */ (e).message}`);
+  }
+  if (raw.length > LIMITS.max_index_bytes) throw error("INDEX_INVALID", `the index is larger than ${LIMITS.max_index_bytes} bytes`);
+  let obj;
+  try {
+    const text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(raw);
+    const r = parseStrict(text, { maxDepth: LIMITS.max_json_depth });
+    if (/[^ \t\n\r]/.test(text.slice(r.end))) throw new JsonError("syntax", "text follows the JSON object");
+    obj = r.value;
+  } catch (e) {
+    if (e instanceof QFormatError) throw e;
+    throw error("INDEX_INVALID", `the index is not valid JSON: ${/** @type {Error} */ (e).message}`);
+  }
+  const wm = obj instanceof Map ? obj.get("weight_map") : undefined;
+  if (!(wm instanceof Map) || ![...wm.values()].every((v) => typeof v === "string")) {
+    throw error("INDEX_INVALID", "expected an object 'weight_map' mapping tensor names to shard file names", null, "weight_map");
+  }
+  const folder = dirname(resolve(path));
+  const shards = sortedNames([...new Set(/** @type {string[]} */ ([...wm.values()]))]);
+  for (const s of shards) {
+    if (s === "" || s === "." || s === ".." || s.includes("/") || s.includes("\\") || s.includes("\0")) {
+      throw error("INDEX_INVALID", `shard name ${JSON.stringify(s)} must be a plain file name inside the index's folder`, null, "weight_map");
+    }
+    let ok = false;
+    try {
+      ok = statSync(join(folder, s)).isFile();
+    } catch {
+      ok = false;
+    }
+    if (!ok) throw error("INDEX_INVALID", `shard ${JSON.stringify(s)} listed in the index does not exist`, null, "weight_map");
+  }
+  return { folder, weightMap: wm, shards };
+}
+
+/**
+ * INDEX_MISMATCH problems between an index and one opened shard.
+ * @param {Map<string, string>} weightMap @param {string} shard @param {QFile} f
+ */
+function mismatches(weightMap, shard, f) {
+  const out = [];
+  const visible = new Set([...f.header.entries.keys(), ...f.model.raw.keys()]);
+  const listed = new Set([...weightMap].filter(([, s]) => s === shard).map(([n]) => n));
+  for (const n of sortedNames([...listed].filter((x) => !visible.has(x)))) out.push(error("INDEX_MISMATCH", `the index places ${JSON.stringify(n)} in ${JSON.stringify(shard)}, which has no such tensor`, n, "weight_map"));
+  for (const n of sortedNames([...f.header.entries.keys()].filter((x) => !listed.has(x)))) out.push(error("INDEX_MISMATCH", `shard ${JSON.stringify(shard)} holds ${JSON.stringify(n)}, which the index does not list`, n, "weight_map"));
+  return out;
+}
+
+/**
+ * @typedef {import("./index.js").Tensor & {storedShape?: bigint[]}} LoadedTensor
+ */
+
+/**
+ * Every tensor of a file, or of a sharded checkpoint given its index (a path ending in .json),
+ * decoded; throws the first problem, as the reference reader does.
+ * @param {string} path @returns {Map<string, LoadedTensor>}
+ */
+export function loadCheckpoint(path) {
+  readable(path);
+  if (!path.endsWith(".json")) return loadOne(path);
+  const idx = readIndex(path);
+  /** @type {Map<string, LoadedTensor>} */
+  const out = new Map();
+  for (const shard of idx.shards) {
+    const p = join(idx.folder, shard);
+    const src = fileSource(p);
+    try {
+      let f;
+      try {
+        f = new QFile(src);
+      } catch (e) {
+        // a file-scope problem is raised after the index comparison; a container one before
+        if (e instanceof QFormatError && e.category === "malformed") throw e;
+        f = null;
+      }
+      if (f === null) {
+        // re-interpret without raising, to compare with the index first
+        const { parseHeader } = /** @type {any} */ (containerModule);
+        const { interpret } = /** @type {any} */ (modelModule);
+        const header = parseHeader(src);
+        const model = interpret(header);
+        const mm = mismatches(idx.weightMap, shard, /** @type {any} */ ({ header, model }));
+        if (mm.length) throw mm[0];
+        throw model.fileProblems[0];
+      }
+      const mm = mismatches(idx.weightMap, shard, f);
+      if (mm.length) throw mm[0];
+      for (const [name, t] of loadFrom(f)) {
+        if (out.has(name)) throw error("INDEX_MISMATCH", `tensor ${JSON.stringify(name)} appears in more than one shard`, name, "weight_map");
+        out.set(name, t);
+      }
+    } finally {
+      src.close();
+    }
+  }
+  return out;
+}
+
+import * as containerModule from "./container.js";
+import * as modelModule from "./model.js";
+
+/** @param {string} path */
+function loadOne(path) {
+  const f = openFile(path);
+  try {
+    return loadFrom(f);
+  } finally {
+    f.close();
+  }
+}
+
+/** @param {QFile} f @returns {Map<string, LoadedTensor>} */
+function loadFrom(f) {
+  const all = f.loadAll();
+  for (const [name, t] of all) {
+    if (!t.quantized) /** @type {LoadedTensor} */ (t).storedShape = /** @type {any} */ (f.header.entries.get(name)).shape;
+  }
+  return all;
+}
+
+export { basename };

@@ -1,0 +1,454 @@
+"""Native CPU kernel paths of :class:`~qformat_torch.nn.QLinear`, and its exact decode path.
+
+A kernel path maps a class of stored weights onto one of torch's CPU matmul kernels for packed
+weights.  Each path has
+
+- ``match(desc, device)``: structural -- does this descriptor (parsed) map onto the kernel;
+- ``prepare(desc, components)``: repack the weight into the kernel's own tensors, once, when the
+  layer is built or moved (never in a forward); also says whether the mapping is *exact*;
+- ``forward(prepared, x)``: ``x [M, in_features]`` in the kernel's compute dtype -> ``[M, out]``.
+
+Exact mapping: every weight the kernel multiplies (its dequantized value, which both kernels
+form in binary32) equals qformat's decoded weight, bit for bit.  The kernels take their scales
+(and zero points) in the activations' dtype, so a mapping is exact only where every stored
+parameter is representable in that dtype: bfloat16 scales into the bfloat16 kernels, and a
+float32 logical dtype (a bfloat16 or float16 logical dtype rounds ``q * s``, which the kernel
+does not).  Exact mappings run by default (policy ``"auto"``); mappings that round a parameter
+(float16 scales to bfloat16, an int4 zero point folded into a bfloat16 offset) only under policy
+``"native"``.  The outputs still differ from ``F.linear(x, W.to(x.dtype))``: the kernel keeps the
+binary32 weight where F.linear rounds it to bfloat16, and sums in its own order (binary32
+accumulation); see tests/readers/test_torch_kernels.py for the bound.
+
+Torch's native ops used here are private (underscore) ATen ops.  Each is used only after a
+capability probe at first use (the op exists, accepts the call, and is right on a tiny input
+within the bound), cached per process; where it fails, QLinear decodes instead.
+
+Only bfloat16 activations go to the native kernels: torch's float32 and float16 versions of
+both ops measured 10-60x slower than decoding plus F.linear (no vectorized path).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from qformat.descriptor import Descriptor
+from qformat.regions import element_table, full_region, plan_codes, plan_grid
+
+from .decode import _empty_out, apply_codes, decode, grid_values
+from .sources import TensorSource, numpy_view
+
+__all__ = ["POLICIES", "KernelPath", "Prepared", "PATHS", "get_kernel_policy", "set_kernel_policy", "select",
+           "probe", "decode_chunked", "DECODE_CHUNK_ELEMENTS", "clear_workspace"]
+
+#: ``"auto"``: native kernels where the mapping is exact, else decode; ``"native"``: also where
+#: it rounds a parameter; ``"decode"``: always decode.
+POLICIES = ("auto", "native", "decode")
+_POLICY = {"value": "auto", "generation": 0}
+
+
+def set_kernel_policy(policy: str) -> None:
+    """The default kernel policy of every QLinear whose ``kernel`` is None (see :data:`POLICIES`)."""
+    if policy not in POLICIES:
+        raise ValueError(f"kernel policy must be one of {POLICIES}, found {policy!r}")
+    if policy != _POLICY["value"]:
+        _POLICY["value"] = policy
+        _POLICY["generation"] += 1
+
+
+def get_kernel_policy() -> str:
+    return str(_POLICY["value"])
+
+
+def policy_generation() -> int:
+    return int(_POLICY["generation"])
+
+
+# -- prepared kernels --------------------------------------------------------------------------
+@dataclass
+class Prepared:
+    """A weight repacked for one kernel path."""
+
+    path: "KernelPath"
+    tensors: dict[str, torch.Tensor]
+    dtype: torch.dtype  # activations' dtype the kernel runs in
+    exact: bool  # every implied weight equals the decoded weight (see the module doc)
+    why: str = ""  # where not exact: which parameter rounds
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def __call__(self, x2d: torch.Tensor) -> torch.Tensor:
+        return self.path.forward(self, x2d)
+
+
+class KernelPath:
+    """One native kernel: see the module doc."""
+
+    name = "?"
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)
+
+    def match(self, desc: Descriptor, device: torch.device) -> bool:
+        raise NotImplementedError
+
+    def prepare(self, desc: Descriptor, comps: dict[str, torch.Tensor], allow_inexact: bool = True) -> Prepared | None:
+        """The repacked weight, or None where the mapping is not exact and ``allow_inexact`` is
+        false (checked on the parameters before the codes are repacked)."""
+        raise NotImplementedError
+
+    def forward(self, p: Prepared, x2d: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def probe_case(self) -> tuple[Prepared, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(prepared tiny weight, x, the exact float64 product, |x| @ |W|^T) for the probe."""
+        raise NotImplementedError
+
+
+# -- shared structural checks ---------------------------------------------------------------------
+def _int_table(desc: Descriptor, comps: dict[str, torch.Tensor]) -> np.ndarray | None:
+    """The element values (float64) of an integer element with integral values, or None."""
+    el = desc.codes.element
+    if el.type != "int" or el.frac_bits:
+        return None
+    table, valid = element_table(desc, numpy_view(TensorSource(comps, torch.device("cpu"))))
+    t = np.asarray(table, np.float64)[:valid]
+    if valid != len(table) or not np.all(np.isfinite(t)) or not np.all(t == np.round(t)):
+        return None
+    return t
+
+
+def _plain_2d(desc: Descriptor, device: torch.device) -> bool:
+    return (device.type == "cpu" and len(desc.shape) == 2 and desc.layout == "canonical" and not desc.extensions
+            and desc.bias is None and desc.scale is not None and desc.scale.op == "multiply"
+            and desc.scale.blocks.type == "grid" and desc.scale.blocks.index is None)
+
+
+def _grid(desc: Descriptor, prm: Any, comps: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A parameter's binary32 values over its whole grid (stored or encoded, any order)."""
+    src = TensorSource(comps, torch.device("cpu"))
+    box = full_region(prm.blocks.grid_shape(desc.shape))
+    return grid_values(plan_grid(prm, desc, box), src, 0).contiguous()
+
+
+def _codes(desc: Descriptor, comps: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The stored codes in logical order, int64 ``[N, K]`` (the core's read plan, any packing)."""
+    src = TensorSource(comps, torch.device("cpu"))
+    return apply_codes(plan_codes(desc, full_region(desc.shape)), src)
+
+
+def _nibbles(desc: Descriptor, comps: dict[str, torch.Tensor], table: np.ndarray, emin: float) -> torch.Tensor:
+    """The kernel's unsigned nibbles ``table[code] - emin`` as int32 ``[N, K]``.  Plain 4-bit
+    packing (two codes per byte, low nibble first, rows along in_features) is split with byte
+    ops (5 bytes per element of temporaries); any other packing goes through the core's read plan."""
+    n, k = desc.shape
+    lut = torch.from_numpy((table - emin).astype(np.int32))
+    p, codes = desc.codes.packing, comps[desc.codes.tensor]
+    if (desc.codes.element.bits == 4 and p.container == 8 and p.bit_order == "lsb_first" and p.axis == 1 and p.order is None
+            and p.slot_order is None and p.planes_span is None and p.row_alignment == 1 and k % 2 == 0
+            and tuple(codes.shape) == (n, k // 2)):
+        b = codes.view(torch.uint8)
+        nib = torch.stack([b & 15, b >> 4], -1).reshape(n, k)
+        if np.array_equal(table - emin, np.arange(16)):  # unsigned codes
+            return nib.to(torch.int32)
+        if np.array_equal(table - emin, np.arange(16) ^ 8):  # two's complement codes: e + 8
+            return (nib ^ 8).to(torch.int32)
+        return lut[nib.to(torch.int64)]
+    return lut[_codes(desc, comps)]
+
+
+def _representable(v: torch.Tensor, dtype: torch.dtype) -> bool:
+    return bool(torch.equal(v.to(dtype).to(torch.float64), v.to(torch.float64)))
+
+
+# -- int4 grouped affine -> _weight_int4pack_mm_for_cpu -------------------------------------------
+class Int4Grouped(KernelPath):
+    """Integer codes of at most 4 bits (values spanning at most 16 integers), a multiply scale per
+    group of 32/64/128/256 along in_features, optional zero point per group (or per row).
+
+    The kernel's weight is ``(u - 8) * s + c`` with u in [0, 15] (``[N, K]`` int32 repacked by
+    ``_convert_weight_to_int4pack_for_cpu``) and ``(s, c)`` per group as ``[K/g, N, 2]`` in the
+    activations' dtype.  With element values ``e = u + emin``: ``(e - z) * s = (u - 8) * s + (8 +
+    emin - z) * s``, so ``c = (8 + emin - z) * s`` (zero without a zero point and emin = -8, the
+    two's complement case).  Exact where s and c are bfloat16 values (and z integral)."""
+
+    name = "int4_grouped"
+    GROUPS = (32, 64, 128, 256)
+
+    def match(self, desc: Descriptor, device: torch.device) -> bool:
+        if not _plain_2d(desc, device) or desc.codes.element.type != "int" or desc.codes.element.bits > 4:
+            return False
+        n, k = desc.shape
+        size = desc.scale.blocks.size
+        if not (isinstance(size, tuple) and len(size) == 2 and size[0] == 1 and size[1] in self.GROUPS):
+            return False
+        g = int(size[1])
+        if n % 16 or k % g or k == 0:  # the repack needs N % 16; groups must tile the rows
+            return False
+        z = desc.zero
+        if z is not None:
+            zs = z.blocks.size
+            if z.blocks.type != "grid" or z.blocks.index is not None or not isinstance(zs, tuple):
+                return False
+            if not (zs[0] == 1 and (zs[1] is None or zs[1] == k or zs[1] == g)):
+                return False
+        return True
+
+    def prepare(self, desc: Descriptor, comps: dict[str, torch.Tensor], allow_inexact: bool = True) -> Prepared | None:
+        n, k = desc.shape
+        g = int(desc.scale.blocks.size[1])  # type: ignore[index]
+        table = _int_table(desc, comps)
+        if table is None or table.max() - table.min() > 15:
+            raise ValueError("element values are not 16 consecutive integers")
+        emin = float(table.min())
+        s = _grid(desc, desc.scale, comps).to(torch.float64).reshape(n, k // g)
+        if desc.zero is not None:
+            z = _grid(desc, desc.zero, comps).to(torch.float64).reshape(n, -1)
+            z = z.expand(n, k // g) if z.shape[1] == 1 else z
+        else:
+            z = torch.zeros_like(s)
+        c = (8.0 + emin - z) * s  # float64: exact (a 24-bit value times a small integer)
+        dt = torch.bfloat16
+        why = []
+        if desc.dtype != "float32":
+            why.append(f"the logical dtype {desc.dtype} rounds q*s, the kernel does not")
+        if not _representable(s, dt):
+            why.append("scales round to bfloat16")
+        if not _representable(c, dt):
+            why.append("the zero-point offset (8 + emin - z) * s rounds to bfloat16")
+        if not bool(torch.equal(z, torch.round(z))):
+            why.append("non-integral zero points")
+        if why and not allow_inexact:
+            return None
+        u = _nibbles(desc, comps, table, emin)  # [N, K] int32 in [0, 15]
+        w = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u.contiguous(), 1)
+        del u
+        sz = torch.stack([s.to(dt), c.to(dt)], 2).transpose(0, 1).contiguous()  # [K/g, N, 2]
+        return Prepared(self, {"weight": w, "scales_and_zeros": sz, "group": torch.tensor(g)}, dt, not why, "; ".join(why))
+
+    def forward(self, p: Prepared, x2d: torch.Tensor) -> torch.Tensor:
+        t = p.tensors
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x2d, t["weight"], int(t["group"]), t["scales_and_zeros"])
+
+    def probe_case(self) -> tuple[Prepared, torch.Tensor, torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(0)
+        n, k, g = 32, 128, 32
+        u = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)
+        s = (torch.rand(k // g, n, generator=gen) + 0.5).to(torch.bfloat16)
+        c = torch.randint(-7, 9, (k // g, n), generator=gen).to(torch.bfloat16) * s
+        w = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
+        sz = torch.stack([s, c], 2).contiguous()
+        p = Prepared(self, {"weight": w, "scales_and_zeros": sz, "group": torch.tensor(g)}, torch.bfloat16, True)
+        wd = (u.double() - 8) * s.double().T.repeat_interleave(g, 1) + c.double().T.repeat_interleave(g, 1)
+        x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+        return p, x, x.double() @ wd.T, x.double().abs() @ wd.abs().T
+
+
+# -- int8 per channel symmetric -> _weight_int8pack_mm --------------------------------------------
+class Int8PerChannel(KernelPath):
+    """Integer codes of at most 8 bits with values in [-128, 127], no zero point, one multiply
+    scale per output row.  The kernel's weight is ``q * s`` with q int8 ``[N, K]`` (the codes
+    component itself where it holds the two's complement values: no copy) and s ``[N]`` in the
+    activations' dtype.  Exact where s is a bfloat16 value."""
+
+    name = "int8_per_channel"
+
+    def match(self, desc: Descriptor, device: torch.device) -> bool:
+        if not _plain_2d(desc, device) or desc.codes.element.type != "int" or desc.codes.element.bits > 8 or desc.zero is not None:
+            return False
+        n, k = desc.shape
+        size = desc.scale.blocks.size
+        if not (isinstance(size, tuple) and len(size) == 2 and size[0] == 1 and (size[1] is None or size[1] >= k)):
+            return False
+        # the AVX-512 kernel measured wrong results / crashes for K % 16 != 0; keep a margin
+        return n > 0 and k > 0 and k % 32 == 0 and n % 16 == 0
+
+    def prepare(self, desc: Descriptor, comps: dict[str, torch.Tensor], allow_inexact: bool = True) -> Prepared | None:
+        n, k = desc.shape
+        table = _int_table(desc, comps)
+        if table is None or table.min() < -128 or table.max() > 127:
+            raise ValueError("element values do not fit int8")
+        s = _grid(desc, desc.scale, comps).to(torch.float64).reshape(n)
+        dt = torch.bfloat16
+        why = []
+        if desc.dtype != "float32":
+            why.append(f"the logical dtype {desc.dtype} rounds q*s, the kernel does not")
+        if not _representable(s, dt):
+            why.append("scales round to bfloat16")
+        if why and not allow_inexact:
+            return None
+        codes = comps[desc.codes.tensor]
+        p = desc.codes.packing
+        plain = (desc.codes.element.bits == 8 and p.container == 8 and p.axis == 1 and p.order is None and p.slot_order is None
+                 and p.planes_span is None and p.row_alignment == 1 and tuple(codes.shape) == (n, k)
+                 and np.array_equal(table, np.arange(256, dtype=np.int64).astype(np.uint8).view(np.int8).astype(np.float64)))
+        if plain:
+            q = codes.view(torch.int8)  # shares the buffer
+        else:
+            q = torch.from_numpy(table.astype(np.int8))[_codes(desc, comps)].contiguous()
+        return Prepared(self, {"weight": q, "scales": s.to(dt).contiguous()}, dt, not why, "; ".join(why))
+
+    def forward(self, p: Prepared, x2d: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x2d, p.tensors["weight"], p.tensors["scales"])
+
+    def probe_case(self) -> tuple[Prepared, torch.Tensor, torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(0)
+        n, k = 32, 64
+        q = torch.randint(-128, 128, (n, k), generator=gen).to(torch.int8)
+        s = (torch.rand(n, generator=gen) * 0.01 + 1e-3).to(torch.bfloat16)
+        p = Prepared(self, {"weight": q, "scales": s}, torch.bfloat16, True)
+        wd = q.double() * s.double()[:, None]
+        x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+        return p, x, x.double() @ wd.T, x.double().abs() @ wd.abs().T
+
+
+#: The kernel paths, tried in order.
+PATHS: list[KernelPath] = [Int4Grouped(), Int8PerChannel()]
+
+
+# -- tolerance and capability probe ----------------------------------------------------------------
+def error_bound(ref: torch.Tensor, absdot: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """The bound on |kernel output - exact product| the kernels are held to (float64):
+
+    ``u * |y| + (u + (k + 2) * 2^-24) * (|x| @ |W|^T)`` with ``u`` the unit roundoff of ``dtype``
+    (2^-8 for bfloat16): rounding of the output to ``dtype`` (u |y|), binary32 accumulation of k
+    products in any order ((k + 2) 2^-24 |x||W|, the classic gamma_k bound), and a rounding of
+    each dequantized weight to ``dtype`` (u |x||W|), which a kernel may do (bfloat16 dot
+    products; F.linear on the decode path does exactly this)."""
+    u = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}[dtype]
+    return u * ref.abs() + (u + (k + 2) * 2.0**-24) * absdot + 1e-300
+
+
+_PROBED: dict[tuple[str, torch.dtype], bool] = {}
+_PROBE_LOCK = threading.Lock()
+
+
+def probe(path: KernelPath, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether ``path``'s native op exists and is right on a tiny input (cached per process)."""
+    key = (path.name, dtype)
+    with _PROBE_LOCK:
+        if key not in _PROBED:
+            try:
+                p, x, ref, absdot = path.probe_case()
+                y = path.forward(p, x.to(dtype)).to(torch.float64)
+                ok = tuple(y.shape) == tuple(ref.shape) and bool(((y - ref).abs() <= error_bound(ref, absdot, x.shape[1], dtype)).all())
+            except (RuntimeError, AttributeError, NotImplementedError, TypeError, ValueError):
+                ok = False
+            _PROBED[key] = ok
+        return _PROBED[key]
+
+
+def select(desc: Descriptor, comps: dict[str, torch.Tensor], device: torch.device, policy: str) -> Prepared | None:
+    """The prepared kernel of the first path that matches, passes its probe and is allowed by
+    ``policy`` (an inexact mapping only under ``"native"``), or None (decode)."""
+    if policy == "decode":
+        return None
+    for path in PATHS:
+        if not path.match(desc, device) or not probe(path):
+            continue
+        try:
+            p = path.prepare(desc, comps, allow_inexact=policy == "native")
+        except (ValueError, RuntimeError):
+            continue
+        if p is not None:
+            p.device = device
+        return p  # None: the matching path would round a parameter, and the policy says decode
+    return None
+
+
+# -- the decode path: chunked decode into the compute dtype -----------------------------------------
+#: Elements decoded per chunk of output rows (4 MB of binary32): the binary32 values of a chunk
+#: stay in cache between the decode and the cast to the compute dtype.
+DECODE_CHUNK_ELEMENTS = 1 << 20
+
+_WS = threading.local()
+
+
+def clear_workspace() -> None:
+    """Free this thread's reusable decode workspace."""
+    _WS.__dict__.clear()
+
+
+def _workspace(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A reusable per-thread buffer (CPU; freshly allocated megabytes are page-faulted in on
+    every forward otherwise)."""
+    if device.type != "cpu":
+        return empty((numel,), dtype, device)
+    key = str(dtype)
+    b = _WS.__dict__.get(key)
+    if b is None or b.numel() < numel:
+        with torch.inference_mode(False):
+            b = _WS.__dict__[key] = _empty_out((numel,), dtype, device)
+    return b[:numel]
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.empty`` outside inference mode: a normal tensor can be written in place both
+    inside and outside ``torch.inference_mode()`` (an inference tensor only inside it), so a
+    buffer kept between forwards serves callers in either mode."""
+    with torch.inference_mode(False):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+
+def chunk_rows_for(rows: int, cols: int, chunk_elements: int | None = None) -> int:
+    return max(1, min(rows, (chunk_elements or DECODE_CHUNK_ELEMENTS) // max(1, cols)))
+
+
+def decode_chunked(desc: Descriptor, comps: dict[str, torch.Tensor], dtype: torch.dtype, *, out: torch.Tensor | None = None,
+                   chunk_rows: int | None = None, reuse: bool = False) -> torch.Tensor:
+    """The 2-D weight decoded and cast to ``dtype``, chunk of rows by chunk of rows: the logical
+    dtype's values of one chunk (``chunk_rows`` x in_features) at a time, each cast into ``out``
+    (round to nearest even, as ``.to(dtype)``).  Bit-identical to ``decode(...).to(dtype)``.
+    ``reuse``: decode into this thread's workspace (the caller must not keep the result)."""
+    from .dtypes import LOGICAL_TORCH
+
+    n, k = desc.shape
+    dev = next(iter(comps.values())).device if comps else torch.device("cpu")
+    src = TensorSource(comps, dev)
+    if out is None:
+        out = _workspace(n * k, dtype, dev).view(n, k) if reuse else empty((n, k), dtype, dev)
+    step = chunk_rows or chunk_rows_for(n, k)
+    logical = LOGICAL_TORCH[desc.dtype]
+    if logical == dtype and chunk_rows is None:  # straight into out (the decoder chunks internally, in cache)
+        return decode(desc, src, None, tensor="weight", out=out)
+    scratch = None if logical == dtype else empty((min(step, n), k), logical, dev)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        if scratch is None:
+            decode(desc, src, ((a, b), (0, k)), tensor="weight", out=out[a:b])
+        else:
+            out[a:b].copy_(decode(desc, src, ((a, b), (0, k)), tensor="weight", out=scratch[: b - a]))
+    return out
+
+
+def linear_streamed(desc: Descriptor, comps: dict[str, torch.Tensor], x: torch.Tensor, bias: torch.Tensor | None,
+                    chunk_rows: int | None = None) -> torch.Tensor:
+    """``F.linear`` one chunk of output rows at a time: nothing larger than chunk x in_features of
+    the weight exists at once.  Each output equals F.linear on that chunk's rows; torch's GEMMs
+    may round a row block differently from the whole matrix (bfloat16 with many tokens)."""
+    import torch.nn.functional as F
+
+    n, k = desc.shape
+    step = chunk_rows or chunk_rows_for(n, k)
+    y = torch.empty(x.shape[:-1] + (n,), dtype=x.dtype, device=x.device)
+    keep = torch.is_grad_enabled() and x.requires_grad  # autograd keeps each chunk: no shared buffer
+    buf = None if keep else _workspace(min(step, n) * k, x.dtype, x.device).view(-1, k)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        dst = empty((b - a, k), x.dtype, x.device) if buf is None else buf[: b - a]
+        w = _decode_rows(desc, comps, a, b, x.dtype, dst)
+        y[..., a:b] = F.linear(x, w, None if bias is None else bias[a:b])
+    return y
+
+
+def _decode_rows(desc: Descriptor, comps: dict[str, torch.Tensor], a: int, b: int, dtype: torch.dtype, out: torch.Tensor) -> torch.Tensor:
+    from .dtypes import LOGICAL_TORCH
+
+    k = desc.shape[1]
+    dev = out.device
+    src = TensorSource(comps, dev)
+    logical = LOGICAL_TORCH[desc.dtype]
+    if logical == dtype:
+        return decode(desc, src, ((a, b), (0, k)), tensor="weight", out=out)
+    return out.copy_(decode(desc, src, ((a, b), (0, k)), tensor="weight", out=empty((b - a, k), logical, dev)))

@@ -1,0 +1,496 @@
+"""Export to GGUF, with gguf-py (0.19) as the oracle: ``GGUFReader`` reads what was written and
+``gguf.quants.dequantize`` decodes it.
+
+- A GGUF file written by gguf-py's own ``GGUFWriter`` (every supported ggml type, plain tensors,
+  KVs of every value type, one moved into a ``gguf.kv.*`` tensor) goes through ``qformat convert``
+  and back: the same file, byte for byte, and per tensor the same type, shape and bytes.
+- Every mapping's decode rule is gguf-py's ``dequantize`` bit for bit, and every exported tensor
+  dequantizes to qformat's binary32 values of its source.
+- qformat's own int4 / int8 / int3 / int5 g32 F16 and mxfp4 export to Q4_0 / Q8_0 / Q4_0 / Q5_0 /
+  MXFP4; what has no exact form is refused (nothing left at DST) or, with ``allow_rounding``,
+  re-encoded and reported.
+- A tiny Llama (transformers, random weights) quantized with ``quantize_checkpoint`` exports with
+  llama.cpp's KVs, tensor names (gguf-py's ``TensorNameMap``) and q/k rotary permutation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+import qformat
+from qformat.convert import convert
+from qformat.errors import QFormatError
+from qformat.export import export
+from qformat.export.gguf import BY_NAME, _decode, rotary_permutation
+
+from ..convert.test_gguf import K_SCALES, QUANTIZABLE, quant_data, write_gguf
+
+ALL_TYPES = QUANTIZABLE + list(K_SCALES)
+INT4 = {"bits": 4, "group_size": 32, "scale_dtype": "float16"}
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    """Bit for bit, any NaN matching any NaN."""
+    g, w = np.asarray(got, np.float32).reshape(-1), np.asarray(want, np.float32).reshape(-1)
+    return g.shape == w.shape and bool(((_bits(g) == _bits(w)) | (np.isnan(g) & np.isnan(w))).all())
+
+
+def _dequant(t: gguf.ReaderTensor) -> np.ndarray:
+    """gguf-py's values of a tensor read by GGUFReader, in NumPy (logical) order."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = np.asarray(dequantize(np.asarray(t.data), t.tensor_type), np.float32)
+    return v.reshape(tuple(int(s) for s in reversed(t.shape)))
+
+
+def _kvs(path: Path) -> dict[str, tuple[list[int], object]]:
+    """Every KV as (value type ids, contents) via GGUFReader (the GGUF.* header fields excluded)."""
+    r = gguf.GGUFReader(path)
+    out = {}
+    for k, f in r.fields.items():
+        if k.startswith("GGUF."):
+            continue
+        v = f.contents()
+        out[k] = ([int(t) for t in f.types], json.dumps(v, default=str) if not isinstance(v, float) or v == v else "nan")
+    return out
+
+
+def _tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    return {t.name: (t.tensor_type.name, tuple(int(s) for s in t.shape), np.asarray(t.data).tobytes())
+            for t in gguf.GGUFReader(path).tensors}
+
+
+def _source_values(path: Path) -> dict[str, np.ndarray]:
+    """qformat's binary32 values of every logical tensor (converted sources are float32)."""
+    return {k: np.asarray(v).astype(np.float32) for k, v in qformat.load_file(path).items()}
+
+
+# -- the decode rule is gguf-py's ---------------------------------------------------------------------
+@pytest.mark.parametrize("qt", ALL_TYPES, ids=lambda t: t.name)
+def test_decode_rule_is_gguf_py(qt: T) -> None:
+    rng = np.random.default_rng(int(qt) + 100)
+    bs = gguf.GGML_QUANT_SIZES[qt][0]
+    raw = quant_data(qt, (4, 2 * bs), rng)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = np.asarray(dequantize(raw, qt), np.float32).reshape(4, 2 * bs)
+    assert _same(_decode(BY_NAME[qt.name], raw, (4, 2 * bs)), want)
+
+
+# -- GGUF -> qformat -> GGUF ------------------------------------------------------------------------
+def _kv_writers() -> list:
+    big = [f"tok{i:06d}" for i in range(9000)]  # > 64 KiB of JSON: the converter moves it into a tensor
+    return [
+        lambda w: w.add_uint8("t.u8", 200), lambda w: w.add_int8("t.i8", -100), lambda w: w.add_uint16("t.u16", 60000),
+        lambda w: w.add_int16("t.i16", -30000), lambda w: w.add_uint32("t.u32", 4000000000), lambda w: w.add_int32("t.i32", -2000000000),
+        lambda w: w.add_float32("t.f32", 0.1), lambda w: w.add_float32("t.nan", float("nan")), lambda w: w.add_float32("t.inf", float("-inf")),
+        lambda w: w.add_uint64("t.u64", 2**63 + 5), lambda w: w.add_int64("t.i64", -(2**62)), lambda w: w.add_float64("t.f64", 1 / 3),
+        lambda w: w.add_bool("t.bool", True), lambda w: w.add_string("t.str", "héllo ✓"),
+        lambda w: w.add_array("t.ints", [1, 2, 3]), lambda w: w.add_array("t.floats", [0.5, -1.25]),
+        lambda w: w.add_array("t.strs", ["a", "b c", ""]), lambda w: w.add_array("t.bools", [True, False]),
+        lambda w: w.add_array("t.nested", [[1, 2], [3]]),
+        lambda w: w.add_array("tokenizer.ggml.tokens", big),
+    ]
+
+
+def _round_trip(tmp_path: Path, tensors: list, alignment: int | None = None) -> tuple[Path, Path, Path]:
+    src = write_gguf(tmp_path / "src.gguf", tensors, kv=_kv_writers(), alignment=alignment)
+    mid = tmp_path / "mid.safetensors"
+    convert(src, mid)
+    out = tmp_path / "out.gguf"
+    rep = export(mid, out, to="gguf")
+    assert rep.to_dict()["exact"] is True and rep.files == [str(out)]
+    return src, mid, out
+
+
+def test_round_trip_every_type_byte_for_byte(tmp_path: Path) -> None:
+    """gguf-py's file -> qformat convert -> export: the same file, tensor by tensor and KV by KV."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    tensors: list = []
+    for qt in ALL_TYPES:
+        bs = gguf.GGML_QUANT_SIZES[qt][0]
+        tensors.append((f"blk.0.{qt.name.lower()}.weight", quant_data(qt, (3, 2 * bs), rng), qt))
+        tensors.append((f"blk.1.{qt.name.lower()}.weight", quant_data(qt, (2, 2, bs), rng), qt))
+    mx = quant_data(T.MXFP4, (2, 64), rng)
+    mx.reshape(-1, 17)[1, 0] = 255  # ggml's 2^127: the converter's nested exponent table
+    tensors.append(("mx255", mx, T.MXFP4))
+    bf = rng.standard_normal((3, 4)).astype(ml_dtypes.bfloat16).view(np.uint8)
+    tensors += [("norm.f32", rng.standard_normal(8).astype(np.float32), None), ("h.f16", rng.standard_normal((2, 3)).astype(np.float16), None),
+                ("h.bf16", bf, T.BF16), ("h.f64", rng.standard_normal(3), None), ("h.i32", np.arange(-3, 3, dtype=np.int32), None),
+                ("h.i8", np.arange(-4, 4, dtype=np.int8), None)]
+    src, mid, out = _round_trip(tmp_path, tensors)
+    assert any(n.startswith("gguf.kv.") for n in qformat.load_file(mid))  # the large value went through a tensor
+    assert _tensors(out) == _tensors(src)
+    assert _kvs(out) == _kvs(src)
+    assert out.read_bytes() == src.read_bytes()
+    # every exported tensor decodes (gguf-py) to qformat's binary32 values of the converted source
+    values = _source_values(mid)
+    for t in gguf.GGUFReader(out).tensors:
+        if t.tensor_type not in (T.F64, T.I32, T.I8):
+            assert _same(_dequant(t), values[t.name]), t.name
+
+
+def test_round_trip_keeps_alignment_and_nonfinite_scales(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    a, c = quant_data(T.Q4_K, (2, 256), rng), quant_data(T.Q4_1, (1, 64), rng)
+    a.reshape(-1, 144)[0, 2:4] = np.array([0x7E00], np.uint16).view(np.uint8)  # dmin NaN
+    c.reshape(-1, 20)[1, 0:2] = np.array([0xFC00], np.uint16).view(np.uint8)  # d -Inf
+    tensors = [("a", a, T.Q4_K), ("b", rng.standard_normal(5).astype(np.float32), None), ("c", c, T.Q4_1)]
+    src, mid, out = _round_trip(tmp_path, tensors, alignment=64)
+    assert gguf.GGUFReader(out).alignment == 64
+    assert out.read_bytes() == src.read_bytes()
+    values = _source_values(mid)
+    for t in gguf.GGUFReader(out).tensors:
+        assert _same(_dequant(t), values[t.name])
+    assert np.isnan(values["a"]).any() and np.isinf(values["c"]).any()
+
+
+# -- qformat's own schemes ---------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme,params,ggml", [
+    ("int", INT4, "Q4_0"), ("int", dict(INT4, bits=8), "Q8_0"), ("int", dict(INT4, bits=3), "Q4_0"),
+    ("int", dict(INT4, bits=5), "Q5_0"), ("int", dict(INT4, bits=2), "Q4_0"), ("mxfp4", {}, "MXFP4"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_qformat_schemes_export_exactly(scheme: str, params: dict, ggml: str, tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((6, 128)).astype(np.float32) * rng.choice([1e-3, 1.0, 50.0], size=(6, 1)).astype(np.float32)
+    if scheme == "mxfp4":
+        x = np.where(np.abs(x) < 0.25 * np.abs(x).max(axis=1, keepdims=True), np.abs(x), x)  # no negative value rounds to -0
+    q = qformat.quantize(x, scheme, **params)
+    src = tmp_path / "src.safetensors"
+    qformat.save_file({"w": q, "b": rng.standard_normal(128).astype(np.float16)}, src)
+    out = tmp_path / "w.gguf"
+    rep = export(src, out, to="gguf")
+    assert rep.to_dict()["exact"] is True
+    r = gguf.GGUFReader(out)
+    (w,) = [t for t in r.tensors if t.name == "w"]
+    assert w.tensor_type.name == ggml and [int(s) for s in w.shape] == [128, 6]
+    assert _same(_dequant(w), np.asarray(qformat.load_file(src)["w"], np.float32))
+    (b,) = [t for t in r.tensors if t.name == "b"]
+    assert b.tensor_type == T.F16 and np.asarray(b.data).tobytes() == qformat.load_file(src)["b"].tobytes()
+    assert "general.architecture" not in r.fields  # no config.json: names and nothing else
+
+
+def test_mxfp4_negative_zero_is_not_exact_and_says_why(tmp_path: Path) -> None:
+    x = np.full((2, 32), 4.0, np.float32)
+    x[0, 3] = -1e-9  # rounds to E2M1 -0 (code 8), which ggml reads as +0
+    src = tmp_path / "src.safetensors"
+    q = qformat.quantize(x, "mxfp4")
+    assert (np.signbit(np.asarray(q.dequantize())) & (np.asarray(q.dequantize()) == 0)).any()
+    qformat.save_file({"w": q}, src)
+    with pytest.raises(QFormatError) as e:
+        export(src, tmp_path / "o.gguf", to="gguf")
+    assert e.value.code == "EXPORT_NOT_EXACT" and "sign of zero" in str(e.value)
+    assert sorted(os.listdir(tmp_path)) == ["src.safetensors"]
+    rep = export(src, tmp_path / "o.gguf", to="gguf", allow_rounding=True)
+    (r,) = rep.rounded
+    assert r.name == "w" and r.max_abs == 0
+
+
+# -- refusals and rounding ---------------------------------------------------------------------------
+def _refused(tmp_path: Path, tensors: dict) -> QFormatError:
+    src = tmp_path / "src.safetensors"
+    qformat.save_file(tensors, src)
+    with pytest.raises(QFormatError) as e:
+        export(src, tmp_path / "o.gguf", to="gguf")
+    assert e.value.tensor == "w"
+    assert sorted(os.listdir(tmp_path)) == ["src.safetensors"]
+    return e.value
+
+
+def test_refusals_leave_nothing(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 128)).astype(np.float32)
+    e = _refused(tmp_path, {"w": qformat.quantize(x, "int", **dict(INT4, group_size=64))})
+    assert e.code == "EXPORT_UNMAPPABLE" and "32" in str(e)
+    e = _refused(tmp_path, {"w": qformat.quantize(x, "int", bits=4, group_size=128, symmetric=False)})
+    assert e.code == "EXPORT_UNMAPPABLE" and "zero point" in str(e)
+    e = _refused(tmp_path, {"w": qformat.quantize(x, "nf4", block_size=64)})
+    assert e.code == "EXPORT_UNMAPPABLE"
+    # F32 scales: exported as F16 only where every scale is an F16 value (x / 7 is not)
+    e = _refused(tmp_path, {"w": qformat.quantize(x, "int", bits=4, group_size=32, scale_dtype="float32")})
+    assert e.code == "EXPORT_NOT_EXACT"
+
+
+def test_f32_scales_that_are_f16_values_export(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    q = qformat.quantize(rng.standard_normal((2, 64)).astype(np.float32), "int", **INT4)
+    comps = dict(q.components)
+    comps["scale"] = comps["scale"].astype(np.float32)  # the same values, stored wider
+    src = tmp_path / "src.safetensors"
+    qformat.save_file({"w": qformat.QTensor(q.descriptor, comps)}, src)
+    out = tmp_path / "o.gguf"
+    assert export(src, out, to="gguf").to_dict()["exact"] is True
+    (t,) = gguf.GGUFReader(out).tensors
+    assert t.tensor_type == T.Q4_0 and _same(_dequant(t), np.asarray(q.dequantize(), np.float32))
+
+
+def test_allow_rounding_reencodes_and_reports(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 128)).astype(np.float32)
+    src = tmp_path / "src.safetensors"
+    qformat.save_file({"a": qformat.quantize(x, "int", **dict(INT4, group_size=64)),
+                       "b": qformat.quantize(x, "int", bits=4, group_size=128, symmetric=False),
+                       "c": qformat.quantize(x, "nf4", block_size=64),
+                       "d": qformat.quantize(x, "int", bits=4, group_size=32, scale_dtype="float32")}, src)
+    out = tmp_path / "o.gguf"
+    rep = export(src, out, to="gguf", allow_rounding=True)
+    rounded = {r.name: r for r in rep.rounded}
+    assert set(rounded) == {"a", "b", "c", "d"}
+    for name in "abc":
+        assert rounded[name].reencoded and rounded[name].max_abs > 0 and 5 < rounded[name].sqnr_db < 100
+    assert rounded["d"].reencoded is None and 0 < rounded["d"].max_abs < 1e-2  # scales rounded to F16
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+    assert types == {"a": "Q4_0", "b": "Q4_0", "c": "Q8_0", "d": "Q4_0"}
+    values = qformat.load_file(src)
+    for t in gguf.GGUFReader(out).tensors:  # the reported difference is the one gguf-py sees
+        diff = np.abs(_dequant(t).astype(np.float64) - np.asarray(values[t.name], np.float64)).max()
+        assert diff == pytest.approx(rounded[t.name].max_abs, rel=0, abs=0)
+    d = rep.to_dict()["rounded"]
+    assert all("max_abs_diff" in r and "sqnr_db" in r for r in d)
+
+
+def test_destination_rules(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    src = tmp_path / "src.safetensors"
+    qformat.save_file({"w": qformat.quantize(rng.standard_normal((2, 64)).astype(np.float32), "int", **INT4)}, src)
+    out = tmp_path / "o.gguf"
+    out.write_bytes(b"old")
+    with pytest.raises(QFormatError) as e:
+        export(src, out, to="gguf")
+    assert e.value.code == "CONVERT_DESTINATION_INVALID" and out.read_bytes() == b"old"
+    export(src, out, to="gguf", overwrite=True)
+    assert out.read_bytes()[:4] == b"GGUF"
+    assert sorted(os.listdir(tmp_path)) == ["o.gguf", "src.safetensors"]
+
+
+# -- a Hugging Face llama ----------------------------------------------------------------------------
+def _hf_permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+    """convert_hf_to_gguf.py ``LlamaModel.permute`` (llama.cpp), verbatim in NumPy."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def test_rotary_permutation_is_llama_cpp_s() -> None:
+    w = np.arange(64 * 3).reshape(64, 3)
+    for heads in (1, 2, 4, 8):
+        assert np.array_equal(w[rotary_permutation(64, heads)], _hf_permute(w, heads, heads))
+
+
+SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>"]
+
+
+def _bpe_tokenizer(folder: Path) -> None:
+    """A byte-level BPE tokenizer.json (GPT-2 / Llama 3 style) with two special tokens added
+    after the trained vocabulary, a BOS template and a tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=290, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["hello world, the quick brown fox jumps over the lazy dog's back"] * 20, trainer)
+    tok.add_special_tokens(SPECIAL)
+    bos = tok.token_to_id(SPECIAL[0])
+    tok.post_processor = processors.TemplateProcessing(single=f"{SPECIAL[0]} $A", pair=f"{SPECIAL[0]} $A {SPECIAL[0]} $B", special_tokens=[(SPECIAL[0], bos)])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": SPECIAL[0], "eos_token": SPECIAL[1], "chat_template": "{{ messages }}",
+                                                               "tokenizer_class": "PreTrainedTokenizerFast"}))
+
+
+def test_tiny_llama(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "hf")
+    _bpe_tokenizer(tmp_path / "hf")
+    qformat.quantize_checkpoint(tmp_path / "hf", tmp_path / "q", scheme="int", bits=4, group_size=32, scale_dtype="float16")
+    out = tmp_path / "llama.gguf"
+    rep = export(tmp_path / "q", out, to="gguf")
+    assert rep.to_dict()["exact"] is True and rep.kinds()["Q4_0"] == 14  # 7 linear layers x 2 blocks
+    r = gguf.GGUFReader(out)
+    kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    assert kv["general.architecture"] == "llama"
+    want = {"llama.block_count": 2, "llama.context_length": 256, "llama.embedding_length": 128, "llama.feed_forward_length": 256,
+            "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2, "llama.rope.dimension_count": 32,
+            "llama.vocab_size": 300, "general.file_type": int(gguf.LlamaFileType.MOSTLY_Q4_0), "general.quantization_version": 2}
+    assert {k: kv[k] for k in want} == want
+    assert kv["llama.rope.freq_base"] == pytest.approx(10000.0) and kv["llama.attention.layer_norm_rms_epsilon"] == np.float32(1e-5)
+    assert r.fields["llama.rope.freq_base"].types == [gguf.GGUFValueType.FLOAT32]
+    assert r.fields["llama.block_count"].types == [gguf.GGUFValueType.UINT32]
+    # tensor names: gguf-py's map from Hugging Face names, every tensor present once
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+    src = {k: np.asarray(v, np.float32) for k, v in qformat.load_file(tmp_path / "q" / "model.safetensors").items()}
+    got = {t.name: t for t in r.tensors}
+    expected = {names.get_name(k, try_suffixes=(".weight", ".bias")): k for k in src}
+    assert set(got) == set(expected) and len(got) == len(src)
+    for gname, hf in expected.items():
+        t = got[gname]
+        v = src[hf]
+        if ".self_attn.q_proj." in hf:
+            v = _hf_permute(v, 4, 4)
+        elif ".self_attn.k_proj." in hf:
+            v = _hf_permute(v, 4, 2)
+        assert _same(_dequant(t), v), gname
+        if hf.endswith("_proj.weight"):
+            assert t.tensor_type == T.Q4_0
+    # the tokenizer, against gguf-py's own readers of tokenizer.json (BpeVocab, SpecialVocab)
+    from gguf.vocab import BpeVocab, SpecialVocab
+
+    assert kv["tokenizer.ggml.model"] == "gpt2"
+    bpe = list(BpeVocab(tmp_path / "hf").all_tokens())
+    want_tokens = [t.decode() if isinstance(t, bytes) else t for t, _, _ in bpe] + [f"[PAD{i}]" for i in range(len(bpe), 300)]
+    want_types = [int(k) for _, _, k in bpe] + [int(gguf.TokenType.UNUSED)] * (300 - len(bpe))
+    assert kv["tokenizer.ggml.tokens"] == want_tokens and kv["tokenizer.ggml.token_type"] == want_types
+    assert want_types.count(int(gguf.TokenType.CONTROL)) == 2
+    sv = SpecialVocab(tmp_path / "hf", load_merges=True, n_vocab=300)
+    assert sv.merges and kv["tokenizer.ggml.merges"] == sv.merges
+    assert {t: kv[f"tokenizer.ggml.{t}_token_id"] for t in sv.special_token_ids} == sv.special_token_ids
+    assert sv.special_token_ids["bos"] == want_tokens.index(SPECIAL[0])
+    assert {t: kv[f"tokenizer.ggml.add_{t}_token"] for t in sv.add_special_token} == sv.add_special_token == {"bos": True, "sep": False}
+    assert kv["tokenizer.chat_template"] == sv.chat_template
+
+
+# -- equivalent descriptors from other origins ---------------------------------------------------------
+def _converted(tmp_path: Path, qt: T, shape: tuple[int, ...]) -> tuple[np.ndarray, dict, dict]:
+    """(GGUF bytes, descriptor, components) of one tensor converted from a gguf-py file."""
+    from safetensors.numpy import load_file
+
+    from qformat.container import read_header
+
+    raw = quant_data(qt, shape, np.random.default_rng(int(qt)), edges=False)
+    mid = tmp_path / f"{qt.name}.safetensors"
+    convert(write_gguf(tmp_path / f"{qt.name}.gguf", [("w", raw, qt)]), mid)
+    desc = json.loads(read_header(mid).metadata["qformat"])["tensors"]["w"]
+    return raw, desc, load_file(mid)
+
+
+def _export_one(tmp_path: Path, q: qformat.QTensor) -> gguf.ReaderTensor:
+    src = tmp_path / "src.safetensors"
+    qformat.save_file({"w": q}, src)
+    out = tmp_path / "o.gguf"
+    assert export(src, out, to="gguf", overwrite=True).to_dict()["exact"] is True
+    (t,) = gguf.GGUFReader(out).tensors
+    assert _same(_dequant(t), np.asarray(qformat.load_file(src)["w"], np.float32))
+    return t
+
+
+def _flip(a: np.ndarray) -> np.ndarray:
+    return (np.asarray(a, np.float16).view(np.uint16) ^ np.uint16(0x8000)).view(np.float16)
+
+
+def test_subtracted_minimum_is_q4_1(tmp_path: Path) -> None:
+    """d * q - b is Q4_1 with m = -b (the F16 sign bit flipped): the same blocks as the source."""
+    raw, desc, comps = _converted(tmp_path, T.Q4_1, (3, 64))
+    desc["bias"]["op"] = "subtract"
+    comps["w.bias"] = _flip(comps["w.bias"])
+    t = _export_one(tmp_path, qformat.QTensor(desc, comps))
+    assert t.tensor_type == T.Q4_1 and np.asarray(t.data).tobytes() == raw.tobytes()
+
+
+def test_added_k_minimum_is_q4_k(tmp_path: Path) -> None:
+    """A K-quant minimum added with dmin negated is the same Q4_K blocks."""
+    raw, desc, comps = _converted(tmp_path, T.Q4_K, (2, 512))
+    desc["bias"]["op"] = "add"
+    comps["w.bias.scale"] = _flip(comps["w.bias.scale"])
+    t = _export_one(tmp_path, qformat.QTensor(desc, comps))
+    assert t.tensor_type == T.Q4_K and np.asarray(t.data).tobytes() == raw.tobytes()
+
+
+def test_unsigned_codes_without_minimum_are_q5_0(tmp_path: Path) -> None:
+    """Unsigned 4-bit codes (0..15) times d: Q5_0 holds -16..15, so q = x + 16."""
+    _, desc, comps = _converted(tmp_path, T.Q4_1, (3, 64))
+    del desc["bias"], comps["w.bias"]
+    assert _export_one(tmp_path, qformat.QTensor(desc, comps)).tensor_type == T.Q5_0
+
+
+def test_plain_types_without_a_ggml_form_are_refused(tmp_path: Path) -> None:
+    e = _refused(tmp_path, {"w": np.arange(64, dtype=np.uint8)})
+    assert e.code == "EXPORT_UNMAPPABLE" and "U8" in str(e)
+
+
+def test_a_gguf_file_is_not_a_source(tmp_path: Path) -> None:
+    src = write_gguf(tmp_path / "m.gguf", [("w", quant_data(T.Q8_0, (1, 32), np.random.default_rng(0)), T.Q8_0)])
+    with pytest.raises(QFormatError) as e:
+        export(src, tmp_path / "o.gguf", to="gguf")
+    assert e.value.code == "EXPORT_UNMAPPABLE" and "qformat convert" in str(e.value)
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_other_architectures_keep_their_names(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    rng = np.random.default_rng(7)
+    qformat.save_file({"encoder.block.0.w": qformat.quantize(rng.standard_normal((4, 64)).astype(np.float32), "int", **INT4)}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    out = tmp_path / "o.gguf"
+    export(folder, out, to="gguf")
+    r = gguf.GGUFReader(out)
+    assert r.fields["general.architecture"].contents() == "t5" and [t.name for t in r.tensors] == ["encoder.block.0.w"]
+
+
+def _convert_hf_llama3_factors(rp: dict, dim: int) -> np.ndarray:
+    """convert_hf_to_gguf.py ``LlamaModel.generate_extra_tensors`` (llama.cpp), in torch as there."""
+    import math
+
+    import torch
+
+    base = rp.get("rope_theta", 10000.0)
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor = rp.get("factor", 8.0)
+    low_freq_factor = rp.get("low_freq_factor", 1.0)
+    high_freq_factor = rp.get("high_freq_factor", 4.0)
+    old_context_len = rp.get("original_max_position_embeddings", 8192)
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    rope_factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            rope_factors.append(1)
+        elif wavelen > low_freq_wavelen:
+            rope_factors.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            rope_factors.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(rope_factors, dtype=torch.float32).numpy()
+
+
+def test_llama3_rope_scaling_writes_rope_freqs(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    folder = tmp_path / "m"
+    folder.mkdir()
+    rp = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+    cfg = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
+           "intermediate_size": 512, "rms_norm_eps": 1e-5, "vocab_size": 64, "max_position_embeddings": 131072, "rope_parameters": rp}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    qformat.save_file({"model.norm.weight": np.ones(256, np.float32)}, folder / "model.safetensors")
+    out = tmp_path / "o.gguf"
+    export(folder, out, to="gguf")
+    r = gguf.GGUFReader(out)
+    (rf,) = [t for t in r.tensors if t.name == "rope_freqs.weight"]
+    want = _convert_hf_llama3_factors(rp, 128)
+    assert rf.tensor_type == T.F32 and np.asarray(rf.data).tobytes() == want.tobytes()
+    assert len(set(want.tolist())) > 3  # all three branches of the rule are taken
+    assert "llama.rope.scaling.type" not in r.fields
+    cfg["rope_parameters"] = dict(rp, rope_type="yarn")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(QFormatError) as e:
+        export(folder, tmp_path / "p.gguf", to="gguf")
+    assert e.value.code == "EXPORT_UNMAPPABLE" and "yarn" in str(e.value)
