@@ -313,6 +313,7 @@ def check_index(path: str, payload: bool = True) -> tuple[list[FileReport], list
     except QFormatError as e:
         return [], [_problem(e, path)]
     reports, probs = [], [_problem(e, path) for e in found]
+    exposed: dict[str, str] = {}  # name a reader returns -> the first shard exposing it (§14)
     for shard in index.shards:
         sp = os.path.join(index.folder, shard)
         rep = check_file(sp, payload)
@@ -323,6 +324,11 @@ def check_index(path: str, payload: bool = True) -> tuple[list[FileReport], list
         except QFormatError:
             continue
         probs.extend(_problem(e, path) for e in mismatches(index, shard, header, model))
+        for name in model.logical_names():
+            first = exposed.setdefault(name, shard)
+            if first != shard:
+                probs.append(_problem(error("INDEX_MISMATCH", f"tensor {name!r} appears in both {first!r} and {shard!r}",
+                                            tensor=name, field="weight_map"), path))
     return reports, probs
 
 

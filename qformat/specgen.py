@@ -83,9 +83,29 @@ def _f32(hex_bits: str) -> str:
     return f"{value:.9g}"
 
 
+#: The processing steps of the error table (tables/errors.json "step"), in reading order.
+ERROR_STEPS = (
+    ("container", "The container (§2), whole file"),
+    ("qformat object", "The qformat object (§3.1 to §3.5; §3.7 steps 1 to 4)"),
+    ("descriptor", "Descriptors (§3.7 step 5: §5, §6, §7.11, §8, §9.3, §11)"),
+    ("components", "Components and names (§3.7 steps 5 to 7: §2.6, §4.3, §7.4, §9.2)"),
+    ("payload", "Payload (§10.6, §12.4)"),
+    ("sharded", "Sharded checkpoints (§14)"),
+    ("usage", "Usage (API calls, not file contents)"),
+)
+
+
 def _render_errors() -> str:
-    rows = [(_code(code), e["category"], e["meaning"]) for code, e in tables.errors().items()]
-    return _table(("code", "category", "meaning"), rows)
+    errors = tables.errors()
+    known = {step for step, _ in ERROR_STEPS}
+    unknown = sorted({e["step"] for e in errors.values()} - known)
+    if unknown:
+        raise ValueError(f"tables/errors.json: unknown step {unknown}")
+    parts = []
+    for step, title in ERROR_STEPS:
+        rows = [(_code(code), e["category"], e["meaning"]) for code, e in errors.items() if e["step"] == step]
+        parts += [f"**{title}**", "", _table(("code", "category", "meaning"), rows), ""]
+    return "\n".join(parts).rstrip("\n")
 
 
 def _render_dtypes() -> str:

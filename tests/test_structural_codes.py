@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import copy
 import json
+import random
+import shutil
 import struct
+import subprocess
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from qformat.descriptor import parse_descriptor
 from qformat.errors import QFormatError
 
 CORPUS = Path(__file__).resolve().parent.parent / "conformance" / "v1"
+JS = Path(__file__).resolve().parent.parent / "readers" / "js"
 
 
 @lru_cache(maxsize=None)
@@ -168,7 +172,7 @@ def test_every_corpus_descriptor_is_structurally_valid_or_refused_alike() -> Non
         _agree(d)
 
 
-@pytest.mark.parametrize("d, code", [
+EXAMPLES = [
     ({"shape": [2], "dtype": "float64", "codes": {}}, "SCHEMA_VIOLATION"),  # D4 and D5 together
     ({"shape": [2.0], "dtype": "float64"}, "SCHEMA_VIOLATION"),  # D2 (codes missing) wins over D4
     ({"shape": [True], "dtype": "float32", "codes": {"tensor": "c", "element": {"type": "int", "bits": 4, "signedness": "unsigned"}, "packing": {"container": 8, "bit_order": "lsb_first", "axis": None}}}, "SHAPE_INVALID"),
@@ -178,8 +182,115 @@ def test_every_corpus_descriptor_is_structurally_valid_or_refused_alike() -> Non
     ({"shape": [2], "dtype": "float32", "codes": {"tensor": "c", "element": {"type": "int", "bits": 4, "signedness": "unsigned"}, "packing": {"container": 8, "bit_order": "lsb_first", "axis": None}}, "layout": {"parameters": {}}}, "LAYOUT_INVALID"),
     ({"shape": [2], "dtype": "float32", "codes": {"tensor": "c", "element": {"type": "int", "bits": 4, "signedness": "unsigned"}, "packing": {"container": 8, "bit_order": "lsb_first", "axis": None}},
       "zero": {"tensor": "z", "blocks": {"type": "flat", "size": 0}}, "scale": {"op": "multiply", "tensor": "s", "blocks": {"type": "grid"}}}, "BLOCKS_INVALID"),
-])
+]
+
+
+@pytest.mark.parametrize("d, code", EXAMPLES)
 def test_examples(d: dict, code: str) -> None:
     assert structure.descriptor_code(d)[0] == code
     assert R.structural_code(d) == code
     assert location_code(d)[0] == code
+
+
+# -- the JavaScript reader's checks (readers/js/src/structure.js), written from the same text ---------
+_JS_CODES = r"""
+import { createInterface } from "node:readline";
+import { parseStrict } from "./src/json.js";
+import { descriptorFailures, structuralCode } from "./src/structure.js";
+for await (const line of createInterface({ input: process.stdin })) {
+  if (!line) continue;
+  console.log(JSON.stringify(structuralCode(descriptorFailures(parseStrict(line, { maxDepth: 64 }).value))));
+}
+"""
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> Any:
+    r = rng.random()
+    if depth < 2 and r < 0.15:
+        return [_random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    if depth < 2 and r < 0.3:
+        return {rng.choice(KEYS): _random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+    if r < 0.4:
+        return rng.randint(-(2**70), 2**70) if rng.random() < 0.3 else rng.randint(-2, 300)
+    return copy.deepcopy(rng.choice(_JS_SCALARS))
+
+
+_JS_SCALARS = [None, True, False, 0, 1, 2, 4, 8, 15, 16, 17, 32, 255, 256, 65536, 65537, 2**53 - 1, 2**53, 4.0, 8.0, 0.5, -1,
+               1e300, "", "x", "int", "float", "codebook", "grid", "flat", "nf4", "e2m1fn", "float32", "bfloat16",
+               "lsb_first", "msb_first", "offset_binary", "multiply", "divide", "add", "subtract", "canonical",
+               "x" * 65, "x" * 257, "\U0001F600" * 64, "\U0001F600" * 65, {}, [], {"span": 2}, [None, 32],
+               list(range(16)), list(range(17)), [15] * 16, [None] * 17, list(range(256)), list(range(257))]
+
+
+def _well_formed(d: Any) -> bool:
+    """No lone surrogate, NaN or infinity (qformat JSON refuses them before any descriptor is
+    examined, §3.1)."""
+    try:
+        json.dumps(d, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (UnicodeEncodeError, ValueError):
+        return False
+    return True
+
+
+def _random_descriptor(rng: random.Random) -> Any:
+    if rng.random() < 0.25:
+        return {rng.choice(KEYS): _random_json(rng) for _ in range(rng.randint(0, 6))}
+    d = copy.deepcopy(rng.choice([d for d in corpus_descriptors() if _well_formed(d)]))
+    for _ in range(rng.randint(0, 3)):
+        path = rng.choice(_paths(d))
+        if not path:
+            continue
+        parent = d
+        for k in path[:-1]:
+            parent = parent[k]
+        op = rng.choice(["replace", "replace", "delete", "add"])
+        if op == "replace":
+            parent[path[-1]] = _random_json(rng)
+        elif op == "delete":
+            del parent[path[-1]]
+        elif isinstance(parent, dict):
+            parent[rng.choice(KEYS)] = _random_json(rng)
+    return d
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node (Node.js 18 or later) is not installed")
+def test_js_reader_checks_agree_with_the_transcription() -> None:
+    """readers/js assigns §5.5 codes by its own checks (no schema library); on mutated corpus
+    descriptors and arbitrary objects it gives the transcription's code (None: valid)."""
+    rng = random.Random(15)
+    docs = [_random_descriptor(rng) for _ in range(6000)]
+    docs += [d for d, _ in EXAMPLES]
+    bases = [d for d in corpus_descriptors() if _well_formed(d)]
+    for base in rng.sample(bases, min(40, len(bases))):
+        for path in _paths(base)[1:]:  # every member and item replaced by boundary values, or removed
+            for v in rng.sample(_JS_SCALARS, 6) + ["<delete>"]:
+                d = copy.deepcopy(base)
+                parent = d
+                for k in path[:-1]:
+                    parent = parent[k]
+                if v == "<delete>":
+                    del parent[path[-1]]
+                else:
+                    parent[path[-1]] = copy.deepcopy(v)
+                docs.append(d)
+        for path in _paths(base):  # every object given a member, a known one or not
+            for k in rng.sample(KEYS, 8):
+                d = copy.deepcopy(base)
+                parent = d
+                for p in path:
+                    parent = parent[p]
+                if isinstance(parent, dict):
+                    parent[k] = copy.deepcopy(rng.choice(_JS_SCALARS))
+                    docs.append(d)
+    lines = [json.dumps(d) for d in docs]
+    p = subprocess.run([shutil.which("node"), "--input-type=module", "-e", _JS_CODES], input="\n".join(lines) + "\n",
+                       capture_output=True, text=True, encoding="utf-8", timeout=300, cwd=JS)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = [json.loads(x) for x in p.stdout.splitlines()]
+    assert len(got) == len(docs)
+    want = [R.structural_code(d) for d in docs]
+    bad = [(line, code, w) for line, code, w in zip(lines, got, want) if code != w]
+    assert not bad, f"{len(bad)} of {len(docs)} disagree, e.g. {bad[:5]}"
+    codes = set(want)
+    assert {None, "SCHEMA_VIOLATION", "SHAPE_INVALID", "DTYPE_INVALID", "ELEMENT_INVALID", "PACKING_INVALID",
+            "BLOCKS_INVALID", "LAYOUT_INVALID"} <= codes, codes

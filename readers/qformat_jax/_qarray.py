@@ -46,9 +46,12 @@ def host_components(desc: Descriptor, comps: Mapping[str, Any], tensor: str | No
     """
     out = {}
     gidx = group_index_params(desc)
+    empty = desc.numel == 0  # no element uses any cell: no decode-time check applies (SPEC.md §9, §12.4)
     for name, a in comps.items():
         prm = gidx.get(name)
-        if prm is not None:
+        if prm is not None and empty:
+            a = np.zeros(np.shape(a), np.int32)  # never read
+        elif prm is not None:
             try:
                 a = check_group_index(prm, np.asarray(a), 0).astype(np.int32)
             except QFormatError as e:  # the same error, naming the tensor

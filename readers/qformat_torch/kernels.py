@@ -43,7 +43,7 @@ from .decode import _empty_out, apply_codes, decode, grid_values
 from .sources import TensorSource, numpy_view
 
 __all__ = ["POLICIES", "KernelPath", "Prepared", "PATHS", "get_kernel_policy", "set_kernel_policy", "select",
-           "probe", "decode_chunked", "DECODE_CHUNK_ELEMENTS", "clear_workspace"]
+           "probe", "decode_chunked", "DECODE_CHUNK_ELEMENTS", "clear_workspace", "release_file_pages"]
 
 #: ``"auto"``: native kernels where the mapping is exact, else decode; ``"native"``: also where
 #: it rounds a parameter; ``"decode"``: always decode.
@@ -66,6 +66,54 @@ def get_kernel_policy() -> str:
 
 def policy_generation() -> int:
     return int(_POLICY["generation"])
+
+
+_MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim these pages (clean file pages are dropped, nothing is lost)
+
+
+def release_file_pages(t: torch.Tensor) -> bool:
+    """Ask the kernel to reclaim the resident pages of ``t`` when ``t`` is a view of a file mapped
+    into memory (transformers reads safetensors through mmap, so every weight it hands over is
+    such a view, and each page read stays resident while the file is mapped).
+
+    Used where the bytes are no longer needed in memory: a full-precision weight encoded on load
+    (qformat.transformers; else the whole full-precision checkpoint would stay resident, one page
+    at a time, until loading finishes), a QLinear's components once the native kernel holds its
+    own copy (they are read from the file again if state_dict or a save asks).  Only pages wholly inside ``t``'s bytes are touched, only inside a mapping
+    of a file, and only with ``MADV_PAGEOUT``, a reclaim hint that never discards data (a page
+    written since it was mapped is kept or swapped, never dropped).  Linux only; elsewhere, or
+    when the kernel refuses, nothing happens.  Returns whether the hint was given.
+    """
+    import sys
+
+    if not sys.platform.startswith("linux") or t.device.type != "cpu" or t.numel() == 0:
+        return False
+    try:
+        import ctypes
+        import os
+
+        page = os.sysconf("SC_PAGE_SIZE")
+        start = t.data_ptr()
+        end = start + t.numel() * t.element_size()
+        lo, hi = -(-start // page) * page, end // page * page
+        if hi <= lo:
+            return False
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                a, b = (int(x, 16) for x in parts[0].split("-"))
+                if a <= lo and hi <= b:
+                    # a file mapping: an inode and a path (not [heap], [stack], anonymous memory)
+                    if len(parts) < 6 or parts[4] == "0" or not parts[5].strip().startswith("/"):
+                        return False
+                    break
+            else:
+                return False
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_PAGEOUT) == 0
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 # -- prepared kernels --------------------------------------------------------------------------

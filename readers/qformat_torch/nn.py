@@ -116,6 +116,12 @@ class QLinear(nn.Module):
         self._decoded.clear()
         self._native = kernels.select(self._parsed, self.component_tensors(), key[1], key[0]) if self._components else None
         self._native_key = key
+        if self._native is not None:
+            # The kernel holds its own copy: components that are views of a mapped file (as
+            # from_pretrained loads them) give their pages back; state_dict, a save or the decode
+            # path read them from the file again, byte for byte.
+            for bname, _ in self._components.values():
+                kernels.release_file_pages(getattr(self, bname))
 
     def _apply(self, fn: Any, recurse: bool = True) -> "QLinear":  # .to(), .cuda(), .half(), ...
         out = super()._apply(fn, recurse)
@@ -192,7 +198,9 @@ class QLinear(nn.Module):
     @property
     def kernel_nbytes(self) -> int:
         """Bytes of the native kernel's repacked copy of the weight (0 on the decode path); the
-        layer holds ``packed_nbytes + kernel_nbytes`` (plus its bias)."""
+        layer holds ``packed_nbytes + kernel_nbytes`` (plus its bias), except where its components
+        are views of a mapped file (``from_pretrained`` through qformat.transformers): then only
+        ``kernel_nbytes`` stay resident once the kernel is prepared (see ``_select_kernel``)."""
         if self._native is None:
             return 0
         # a kernel tensor that is a view of a component (int8 codes used as they are) is no copy

@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -277,3 +279,54 @@ def test_three_bit_codes_map_onto_the_int4_kernel():
     assert m.kernel_path == "int4_grouped" and m._native.exact
     x = torch.randn(4, K, dtype=torch.bfloat16)
     assert within_bound(m(x), x, m.weight.double()) <= 1
+
+
+def _mapping_rss(t: torch.Tensor) -> int | None:
+    """Resident bytes of the file mapping that holds ``t`` (/proc/self/smaps), None when ``t``
+    is not in a file mapping."""
+    ptr, cur = t.data_ptr(), None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                a, b = (int(x, 16) for x in head[0].split("-"))
+                cur = a <= ptr < b and len(head) >= 6 and head[5].startswith("/")
+            elif cur and head[0] == "Rss:":
+                return int(head[1]) * 1024
+    return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_native_path_gives_back_mapped_components(tmp_path):
+    """Components that are views of a mapped file (as transformers' from_pretrained loads them)
+    give their pages back once the int4 kernel holds its repacked copy: the layer keeps one copy
+    resident, and state_dict still gives the stored components byte for byte."""
+    _need(kernels.Int4Grouped)
+    from safetensors import safe_open as st_open
+
+    n, k = 1024, 4096
+    q = qformat.quantize(weights(3, n, k), "int", bits=4, group_size=32, scale_dtype="bfloat16")
+    path = tmp_path / "w.safetensors"
+    qformat.save_file({"w": q}, path)
+    with st_open(str(path), framework="pt") as f:
+        stored = {c: f.get_slice(c)[...] for c in f.keys()}
+    comps = {c[len("w."):]: t for c, t in stored.items()}
+    codes = max(comps.values(), key=lambda t: t.numel() * t.element_size())
+    if _mapping_rss(codes) is None:
+        pytest.skip("safetensors did not map the file")
+    want = {c: t.clone() for c, t in comps.items()}
+    # the decode path keeps the components in use: resident once read
+    ref = QLinear(qt.TorchQTensor(q.descriptor, comps), kernel="decode")
+    x = torch.randn(3, k, dtype=torch.bfloat16)
+    y_ref = ref(x)
+    nbytes = codes.numel() * codes.element_size()
+    assert _mapping_rss(codes) >= nbytes
+    m = QLinear(qt.TorchQTensor(q.descriptor, comps))
+    assert m.kernel_path == "int4_grouped"
+    assert _mapping_rss(codes) < nbytes // 4  # given back (and the decode layer's view reads them again on use)
+    assert m.kernel_nbytes >= nbytes
+    y = m(x)
+    assert within_bound(y, x, ref.weight.double()) <= 1
+    got = m.packed_weight().components
+    assert sorted(got) == sorted(want) and all(torch.equal(got[c], want[c]) for c in want)
+    assert torch.equal(ref(x), y_ref) and torch.equal(m(x), y)

@@ -171,6 +171,40 @@ def test_save_pretrained_round_trip(sid, fp_dir, quantized, tmp_path):
         assert torch.equal(model(IDS).logits, again(IDS).logits)
 
 
+def test_save_pretrained_sharded(quantized, tmp_path):
+    """transformers writes one __metadata__ into every shard and splits by size regardless of
+    logical tensors; the qformat model's save_pretrained rewrites the shards as SPEC §14 asks."""
+    qdir = quantized("int4-g32")
+    model = AutoModelForCausalLM.from_pretrained(qdir)
+    single, out = tmp_path / "single", tmp_path / "sharded"
+    model.save_pretrained(single)
+    model.save_pretrained(out, max_shard_size="20KB")
+    shards = sorted(out.glob("model-*.safetensors"))
+    assert len(shards) > 2 and not (out / "model.safetensors").exists()
+    report = qformat.check(out)
+    assert report.ok, report.to_dict()
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    # Every shard is a complete qformat file on its own; the union is the single-file save.
+    raw, tensors = {}, {}
+    for shard in shards:
+        assert qformat.check(shard).ok, shard.name
+        r, t = stored(shard)
+        assert all(index[n] == shard.name for n in list(r) + list(t))
+        raw.update(r)
+        tensors.update(t)
+    assert (raw, tensors) == stored(single / "model.safetensors")
+    assert set(index) == set(raw) | set(tensors)
+    again = AutoModelForCausalLM.from_pretrained(out)
+    assert sorted(qlinears(again)) == sorted(qlinears(model))
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, again(IDS).logits)
+    # A sharded upload would push the files before they are rewritten: refused, nothing written.
+    with pytest.raises(QFormatError) as e:
+        model.save_pretrained(tmp_path / "hub", max_shard_size="20KB", push_to_hub=True, repo_id="nobody/nothing")
+    assert e.value.code == "SAVE_INVALID"
+    assert not (tmp_path / "hub").exists()
+
+
 # -- 3. quantize on load -----------------------------------------------------------------------
 RECIPE = """
 [[rules]]

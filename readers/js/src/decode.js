@@ -12,8 +12,9 @@
 import { CODEBOOKS } from "./tables.js";
 import { error } from "./errors.js";
 import { gridShape, params, storedGridShape, usesSlots, wordsPerRow } from "./descriptor.js";
-import { bf16ToF32, f16ToF32, f32FromBits, f32ToBf16Bits, f32ToF16Bits, floatLut, intLut, roundTrip } from "./floats.js";
+import { bf16ToF32, f16Table, f32FromBits, f32ToF16Bits, floatLut, intLut, roundTrip } from "./floats.js";
 import { scaleToCanonical, unpackDevice } from "./layouts.js";
+import { OP_ADD, OP_DIV, OP_MUL, OP_SUB, decodeRows, fastPacking } from "./fast.js";
 
 /** @typedef {import("./descriptor.js").Descriptor} Descriptor */
 /** @typedef {import("./descriptor.js").Param} Param */
@@ -85,6 +86,42 @@ export function elementTable(desc, store) {
   return { table, valid: values.length };
 }
 
+/** Bits per element of the stored dtypes a parameter or table may have. */
+const WIDEN_BITS = { F32: 32, F16: 16, BF16: 16, I8: 8, U8: 8, I16: 16, U16: 16, I32: 32, U32: 32, F8_E4M3: 8, F8_E5M2: 8, F8_E8M0: 8 };
+const F8_FORMATS = { F8_E4M3: "e4m3fn", F8_E5M2: "e5m2", F8_E8M0: "e8m0fnu" };
+
+/**
+ * out[at..at+len) = the stored values [f, f+len) of a tensor of `dtype`, widened exactly to
+ * binary32 (SPEC.md §9.2; I32/U32 are rounded to nearest even by the store).
+ * @param {string} dtype @param {Uint8Array} b @param {number} f @param {number} len
+ * @param {Float32Array} out @param {number} at
+ */
+function widenInto(dtype, b, f, len, out, at) {
+  const dv = new DataView(b.buffer, b.byteOffset, b.byteLength);
+  const end = at + len;
+  switch (dtype) {
+    case "F32": for (let k = at, i = 4 * f; k < end; k++, i += 4) out[k] = dv.getFloat32(i, true); break;
+    case "F16": {
+      const t = f16Table();
+      for (let k = at, i = 2 * f; k < end; k++, i += 2) out[k] = t[b[i] | (b[i + 1] << 8)];
+      break;
+    }
+    case "BF16": for (let k = at, i = 2 * f; k < end; k++, i += 2) out[k] = bf16ToF32(b[i] | (b[i + 1] << 8)); break;
+    case "I8": for (let k = at, i = f; k < end; k++, i++) out[k] = (b[i] << 24) >> 24; break;
+    case "U8": for (let k = at, i = f; k < end; k++, i++) out[k] = b[i]; break;
+    case "I16": for (let k = at, i = 2 * f; k < end; k++, i += 2) out[k] = dv.getInt16(i, true); break;
+    case "U16": for (let k = at, i = 2 * f; k < end; k++, i += 2) out[k] = dv.getUint16(i, true); break;
+    case "I32": for (let k = at, i = 4 * f; k < end; k++, i += 4) out[k] = dv.getInt32(i, true); break;
+    case "U32": for (let k = at, i = 4 * f; k < end; k++, i += 4) out[k] = dv.getUint32(i, true); break;
+    default: {
+      const fmt = F8_FORMATS[/** @type {keyof typeof F8_FORMATS} */ (dtype)];
+      if (fmt === undefined) throw new Error(`cannot widen ${dtype}`);
+      const t = floatLut(fmt);
+      for (let k = at, i = f; k < end; k++, i++) out[k] = t[b[i]];
+    }
+  }
+}
+
 /**
  * A stored float or integer tensor's values widened exactly to binary32 (SPEC.md §9.2).
  * @param {Store} store @param {string} name @returns {Float32Array}
@@ -92,27 +129,11 @@ export function elementTable(desc, store) {
 export function widen(store, name) {
   const e = store.entry(name);
   const b = store.bytes(name);
-  const dv = new DataView(b.buffer, b.byteOffset, b.byteLength);
-  const bits = { F32: 32, F16: 16, BF16: 16, I8: 8, U8: 8, I16: 16, U16: 16, I32: 32, U32: 32, F8_E4M3: 8, F8_E5M2: 8, F8_E8M0: 8 }[e.dtype];
+  const bits = WIDEN_BITS[/** @type {keyof typeof WIDEN_BITS} */ (e.dtype)];
   if (bits === undefined) throw new Error(`cannot widen ${e.dtype}`);
   const n = (b.length * 8) / bits;
   const out = new Float32Array(n);
-  const lut = { F8_E4M3: "e4m3fn", F8_E5M2: "e5m2", F8_E8M0: "e8m0fnu" }[/** @type {string} */ (e.dtype)];
-  const f8 = lut ? floatLut(lut) : null;
-  for (let i = 0; i < n; i++) {
-    switch (e.dtype) {
-      case "F32": out[i] = dv.getFloat32(4 * i, true); break;
-      case "F16": out[i] = f16ToF32(dv.getUint16(2 * i, true)); break;
-      case "BF16": out[i] = bf16ToF32(dv.getUint16(2 * i, true)); break;
-      case "I8": out[i] = dv.getInt8(i); break;
-      case "U8": out[i] = b[i]; break;
-      case "I16": out[i] = dv.getInt16(2 * i, true); break;
-      case "U16": out[i] = dv.getUint16(2 * i, true); break;
-      case "I32": out[i] = dv.getInt32(4 * i, true); break; // the store rounds to nearest even
-      case "U32": out[i] = dv.getUint32(4 * i, true); break;
-      default: out[i] = /** @type {Float32Array} */ (f8)[b[i]];
-    }
-  }
+  widenInto(e.dtype, b, 0, n, out, 0);
   return out;
 }
 
@@ -258,17 +279,37 @@ function gridValues(prm, desc, store, box, depth, tensor, cache) {
     if (enc.dtype !== "float32") for (let i = 0; i < x.length; i++) x[i] = roundTrip(x[i], enc.dtype);
     return x;
   }
+  const stored = storedGridShape(prm, desc.shape).map(Number);
+  const st = strides(stored);
+  const q = stored.length;
+  const out = new Float32Array(regionSize(box));
+  const identity = !(prm.order && prm.order.length) || prm.order.every((v, i) => v === i);
+  if (identity && desc.layout === "canonical") {
+    // the box's runs along the last axis, widened straight from the stored bytes
+    const name = /** @type {string} */ (prm.tensor);
+    const dtype = store.entry(name).dtype;
+    const bytes = store.bytes(name);
+    if (q === 0) {
+      widenInto(dtype, bytes, 0, 1, out, 0);
+      return out;
+    }
+    const [l0, h0] = box[q - 1];
+    const len = h0 - l0;
+    if (!out.length) return out;
+    forEachIndex(/** @type {Region} */ ([...box.slice(0, q - 1), [0, 1]]), (g, k) => {
+      let f = l0;
+      for (let j = 0; j < q - 1; j++) f += g[j] * st[j];
+      widenInto(dtype, bytes, f, len, out, k * len);
+    });
+    return out;
+  }
   let all = cache.get(prm);
   if (!all) {
     all = widen(store, /** @type {string} */ (prm.tensor));
     if (depth === 0 && prm === desc.scale) all = scaleToCanonical(desc, all);
     cache.set(prm, all);
   }
-  const stored = storedGridShape(prm, desc.shape).map(Number);
-  const st = strides(stored);
-  const q = stored.length;
   const order = prm.order && prm.order.length ? prm.order : stored.map((_, a) => a);
-  const out = new Float32Array(regionSize(box));
   const src = all;
   forEachIndex(box, (g, k) => {
     let f = 0;
@@ -279,12 +320,78 @@ function gridValues(prm, desc, store, box, depth, tensor, cache) {
 }
 
 /**
+ * A parameter of the fast path for `region`: its values on the region's cells and where each
+ * row's cells start (the same cells, hence the same box of the grid, as the general path).
+ * @param {Param} prm @param {Descriptor} desc @param {Store} store @param {Region} region
+ * @param {number} depth @param {string|null} tensor @param {Map<Param, Float32Array>} cache
+ * @returns {import("./fast.js").Step}
+ */
+function fastStep(prm, desc, store, region, depth, tensor, cache) {
+  const b = prm.blocks;
+  const r = region.length;
+  const op = prm.role === "zero" ? OP_SUB : prm.op === "multiply" ? OP_MUL : prm.op === "divide" ? OP_DIV : prm.op === "add" ? OP_ADD : OP_SUB;
+  const C = desc.shape[r - 1];
+  if (b.type === "flat") {
+    const S = b.size;
+    const st = strides(desc.shape);
+    let f0 = 0;
+    let f1 = 0;
+    for (let a = 0; a < r; a++) {
+      f0 += region[a][0] * st[a];
+      f1 += (region[a][1] - 1) * st[a];
+    }
+    const c0 = Math.floor(f0 / S);
+    const vals = gridValues(prm, desc, store, [[c0, Math.floor(f1 / S) + 1]], depth, tensor, cache);
+    return {
+      op, vals, period: S, flat: true,
+      cellOf: (rowLin, _lead, lo) => {
+        const f = rowLin * C + lo;
+        return [Math.floor(f / S) - c0, f % S];
+      },
+    };
+  }
+  const size = b.size;
+  /** @type {Region} */
+  const box = region.map(([lo, hi], a) => (size[a] === null ? [0, 1] : [Math.floor(lo / /** @type {number} */ (size[a])), Math.floor((hi - 1) / /** @type {number} */ (size[a])) + 1]));
+  const vals = gridValues(prm, desc, store, box, depth, tensor, cache);
+  const bs = strides(box.map(([lo, hi]) => hi - lo));
+  const sl = size[r - 1];
+  return {
+    op, vals, period: sl === null ? Infinity : sl, flat: false,
+    cellOf: (_rowLin, lead, lo) => {
+      let base = 0;
+      for (let a = 0; a < r - 1; a++) {
+        const s = size[a];
+        base += ((s === null ? 0 : Math.floor(lead[a] / s)) - box[a][0]) * bs[a];
+      }
+      if (sl === null) return [base, 0];
+      return [base + Math.floor(lo / sl) - box[r - 1][0], lo % sl];
+    },
+  };
+}
+
+/**
  * Decode `region` of a descriptor to binary32, before the cast to its logical dtype.
  * @param {Descriptor} desc @param {Store} store @param {Region} region @param {number} depth @param {string|null} tensor
+ * @param {Float32Array|null} [dst]  where to write the values (default: a new array)
+ * @param {Map<Param, Float32Array>|null} [cache]  widened parameter tensors, shared by a decode's chunks
  * @returns {Float32Array}
  */
-export function decodeRegion(desc, store, region, depth, tensor) {
+export function decodeRegion(desc, store, region, depth, tensor, dst = null, cache = null) {
   const { table, valid } = elementTable(desc, store);
+  const size = regionSize(region);
+  /** @type {Map<Param, Float32Array>} */
+  const pcache = cache ?? new Map();
+  cache = pcache;
+  if (valid >= table.length && size > 0 && fastPacking(desc) && params(desc).every((p) => p.blocks.index === null)) {
+    const x = dst ?? new Float32Array(size);
+    // parameters in the order zero, scale, bias, as the general path (nested decodes may refuse)
+    const steps = params(desc).map((prm) => fastStep(prm, desc, store, region, depth, tensor, pcache));
+    const p = desc.codes.packing;
+    const rowBytes = p.axis === null ? 0 : (Number(wordsPerRow(p, BigInt(desc.shape[region.length - 1]), desc.codes.element.bits)) * p.container) / 8;
+    decodeRows(desc, store.bytes(desc.codes.tensor), rowBytes, region, table, steps, x);
+    return x;
+  }
   const codes = readCodes(desc, store, region);
   if (valid < table.length) {
     let max = -1;
@@ -293,8 +400,6 @@ export function decodeRegion(desc, store, region, depth, tensor) {
   }
   const x = new Float32Array(codes.length);
   for (let i = 0; i < codes.length; i++) x[i] = table[codes[i]];
-  /** @type {Map<Param, Float32Array>} */
-  const cache = new Map();
   for (const prm of params(desc)) {
     const b = prm.blocks;
     /** @type {Int32Array|Float64Array} */
@@ -361,6 +466,10 @@ export function decodeRegion(desc, store, region, depth, tensor) {
     else if (op === "divide") for (let k = 0; k < n; k++) x[k] = x[k] / v[cellOf[k]];
     else for (let k = 0; k < n; k++) x[k] = x[k] + v[cellOf[k]];
   }
+  if (dst) {
+    dst.set(x);
+    return dst;
+  }
   return x;
 }
 
@@ -399,19 +508,39 @@ export function decode(desc, store, region, tensor) {
   const put = (/** @type {Float32Array} */ x, /** @type {number} */ at) => {
     if (desc.dtype === "float32") out.set(x, at);
     else if (desc.dtype === "float16") for (let i = 0; i < x.length; i++) out[at + i] = f32ToF16Bits(x[i]);
-    else for (let i = 0; i < x.length; i++) out[at + i] = f32ToBf16Bits(x[i]);
+    else {
+      // SPEC.md §10.3's bfloat16 rule (f32ToBf16Bits) on the binary32 bits: NaN -> 0x7fc0, else
+      // (w + 0x7fff + bit 16 of w) >> 16; ToUint32 of a sum below 2^33 keeps bits 16..31 exact
+      const w32 = new Uint32Array(x.buffer, x.byteOffset, x.length);
+      for (let i = 0; i < w32.length; i++) {
+        const w = w32[i];
+        out[at + i] = (w & 0x7fffffff) > 0x7f800000 ? 0x7fc0 : ((w + 0x7fff + ((w >>> 16) & 1)) >>> 16) & 0xffff;
+      }
+    }
   };
+  /** @type {Map<Param, Float32Array>} */
+  const cache = new Map();
   if (reg.length === 0) {
-    put(decodeRegion(desc, store, reg, 0, tensor), 0);
+    put(decodeRegion(desc, store, reg, 0, tensor, null, cache), 0);
     return out;
   }
   const row = Math.max(1, regionSize(reg.slice(1)));
   const mult = rowMultiple(desc);
   const step = Math.max(mult, Math.floor(Math.max(1, Math.floor(CHUNK_ELEMENTS / row)) / mult) * mult);
   const [lo0, hi0] = reg[0];
+  const f32 = desc.dtype === "float32";
+  /** @type {Float32Array|null} */
+  let tmp = null;
   for (let start = lo0; start < hi0; start += step) {
-    const sub = /** @type {Region} */ ([[start, Math.min(hi0, start + step)], ...reg.slice(1)]);
-    put(decodeRegion(desc, store, sub, 0, tensor), (start - lo0) * row);
+    const end = Math.min(hi0, start + step);
+    const sub = /** @type {Region} */ ([[start, end], ...reg.slice(1)]);
+    const at = (start - lo0) * row;
+    const len = (end - start) * row;
+    if (f32) decodeRegion(desc, store, sub, 0, tensor, /** @type {Float32Array} */ (out).subarray(at, at + len), cache);
+    else {
+      if (!tmp || tmp.length < len) tmp = new Float32Array(len);
+      put(decodeRegion(desc, store, sub, 0, tensor, tmp.subarray(0, len), cache), at);
+    }
   }
   return out;
 }

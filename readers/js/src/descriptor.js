@@ -1,4 +1,4 @@
-// Descriptors (SPEC.md §5-§9) as plain objects built from schema-valid JSON (Maps), and their
+// Descriptors (SPEC.md §5-§9) as plain objects built from structurally valid JSON (Maps, SPEC.md §5.5), and their
 // geometry: storage order, rows, words per row, parameter grids.  Sizes that come from a file
 // are BigInt until they have been checked against the bytes that hold them.
 
@@ -77,7 +77,7 @@ function paramFrom(role, d) {
 }
 
 /**
- * A schema-valid raw descriptor (Map) -> Descriptor.
+ * A structurally valid raw descriptor (Map) -> Descriptor.
  * @param {Map<string, any>} d @returns {Descriptor}
  */
 export function descriptorFrom(d) {

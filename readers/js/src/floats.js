@@ -28,6 +28,18 @@ export function f16ToF32(h) {
   return s * (1024 + m) * 2 ** (e - 25);
 }
 
+/** @type {Float32Array|null} */
+let f16Values = null;
+
+/** The exact binary32 value of every binary16 bit pattern (built once, 256 KB). */
+export function f16Table() {
+  if (!f16Values) {
+    f16Values = new Float32Array(65536);
+    for (let h = 0; h < 65536; h++) f16Values[h] = f16ToF32(h);
+  }
+  return f16Values;
+}
+
 /** bfloat16 bits -> exact binary32 value. @param {number} h */
 export function bf16ToF32(h) {
   return f32FromBits((h & 0xffff) << 16);

@@ -5,7 +5,7 @@
 import { LIMITS } from "./tables.js";
 import { error, sortedNames } from "./errors.js";
 import { JsonError, parseStrict } from "./json.js";
-import { describe, schemaCode, schemaErrors } from "./schema.js";
+import { describeFailure, descriptorFailures, objectFailures, structuralCode } from "./structure.js";
 import { depthOf, descriptorFrom, references } from "./descriptor.js";
 import { READER_MINOR, extensionProblems, validateDescriptor } from "./validate.js";
 
@@ -139,14 +139,10 @@ function qformatObject(text, m) {
   return obj;
 }
 
-/** @param {Map<string, any>} obj @param {boolean} newer @returns {QFormatError[]} */
+/** §3.7 steps 3 and 4. @param {Map<string, any>} obj @param {boolean} newer @returns {QFormatError[]} */
 function topLevelProblems(obj, newer) {
-  const top = new Map();
-  for (const [k, v] of obj) if (TOP_MEMBERS.includes(k) || !newer) top.set(k, k === "tensors" ? new Map() : v);
-  const errs = schemaErrors(top);
-  if (errs.length || !(obj.get("tensors") instanceof Map)) {
-    return [error(newer ? "FEATURE_UNSUPPORTED" : "SCHEMA_VIOLATION", errs.map(describe).join("; ") || "'tensors' must be an object")];
-  }
+  const failures = objectFailures(obj, newer);
+  if (failures.length) return [error(newer ? "FEATURE_UNSUPPORTED" : "SCHEMA_VIOLATION", failures.join("; "))];
   const exts = (obj.get("extensions") ?? []).map((/** @type {Map<string, any>} */ e) => ({ name: e.get("name"), must_understand: e.get("must_understand") ?? true }));
   return extensionProblems(exts, newer, "file", null);
 }
@@ -161,11 +157,10 @@ function interpretDescriptor(name, raw, info, newer, minor) {
   // §3.2: an empty logical name, or the header's reserved name __metadata__, refuses that tensor
   if (name === "" || name === "__metadata__") return [null, [error("SCHEMA_VIOLATION", "a logical tensor name must not be empty or __metadata__", name)]];
   if (deep) return [null, [error("DEPTH_EXCEEDED", `encoded parameters nest deeper than ${LIMITS.max_nesting_depth}`, name)]];
-  if (!isObj) return [null, [error(newer ? "FEATURE_UNSUPPORTED" : "SCHEMA_VIOLATION", "a descriptor must be a JSON object", name)]];
-  const errs = schemaErrors(raw, "descriptor");
-  if (errs.length) {
-    const code = newer ? "FEATURE_UNSUPPORTED" : schemaCode(errs);
-    return [null, [error(code, errs.slice(0, 5).map(describe).join("; "), name)]];
+  const failures = descriptorFailures(raw);
+  if (failures.length) {
+    const code = newer ? "FEATURE_UNSUPPORTED" : /** @type {string} */ (structuralCode(failures));
+    return [null, [error(code, failures.slice(0, 5).map(describeFailure).join("; "), name)]];
   }
   const desc = descriptorFrom(raw);
   return [desc, validateDescriptor(name, desc, info, 0, newer, minor)];

@@ -1,4 +1,4 @@
-// Semantic validation of a schema-valid descriptor against the component headers (SPEC.md §5-§9,
+// Semantic validation of a structurally valid descriptor against the component headers (SPEC.md §5-§9,
 // §11, §12.2-§12.3), in the check order of the reference implementation: shape size, tensor-scope
 // extensions, layout, element, packing, codes component, then each parameter (blocks, tensor or
 // nested descriptor).  Only dtypes and shapes are read here, never payload bytes.
