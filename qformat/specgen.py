@@ -21,7 +21,7 @@ import re
 import struct
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from qformat import tables
 from qformat.atomic import atomic_write
@@ -178,24 +178,28 @@ _RENDERERS: dict[str, Callable[[], str]] = {
 MAPPING_DIR = Path(__file__).resolve().parent / "convert" / "mapping"
 
 
-def _render_mapping() -> str:
-    """Appendix C: each converter's mapping file, in registry order, numbered C.1, C.2, ..."""
-    from qformat.convert.registry import REGISTRY
-
+def _render_appendix(names: Iterable[str], folder: Path, letter: str) -> str:
+    """An appendix made of one Markdown file per registered name (``folder/<name>.md``, each
+    starting with a ``### Title`` line), in registry order, numbered ``<letter>.1``, ..."""
     parts = []
-    n = 0
-    for name in REGISTRY:
-        f = MAPPING_DIR / f"{name}.md"
+    for name in names:
+        f = folder / f"{name}.md"
         if not f.is_file():
             continue
-        n += 1
         text = f.read_text(encoding="utf-8").strip()
         lines = text.splitlines()
         if not lines or not lines[0].startswith("### "):
             raise ValueError(f"{f} must start with a '### Title' line")
-        lines[0] = f"### C.{n} {lines[0][4:].strip()}"
+        lines[0] = f"### {letter}.{len(parts) + 1} {lines[0][4:].strip()}"
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def _render_mapping() -> str:
+    """Appendix C: each converter's mapping file, in registry order, numbered C.1, C.2, ..."""
+    from qformat.convert.registry import REGISTRY
+
+    return _render_appendix(REGISTRY, MAPPING_DIR, "C")
 
 
 #: The per-target export mapping texts (Appendix D), one Markdown file per target, beside the code.
@@ -206,20 +210,7 @@ def _render_export_mapping() -> str:
     """Appendix D: each export target's mapping file, in registry order, numbered D.1, D.2, ..."""
     from qformat.export.registry import REGISTRY
 
-    parts = []
-    n = 0
-    for name in REGISTRY:
-        f = EXPORT_MAPPING_DIR / f"{name}.md"
-        if not f.is_file():
-            continue
-        n += 1
-        text = f.read_text(encoding="utf-8").strip()
-        lines = text.splitlines()
-        if not lines or not lines[0].startswith("### "):
-            raise ValueError(f"{f} must start with a '### Title' line")
-        lines[0] = f"### D.{n} {lines[0][4:].strip()}"
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
+    return _render_appendix(REGISTRY, EXPORT_MAPPING_DIR, "D")
 
 
 def generated_sections() -> dict[str, str]:

@@ -55,14 +55,12 @@ def plan_export(target: Target, ck: Any, described: Any, ctx: Context, report: R
         desc = item.parsed
         name = item.name
         if desc is None:
-            info = ctx.source.info(name)
             try:
                 mapped = target.map(name, None, ctx)
             except Refusal as r:
                 raise unmappable(name, target.name, r.reason) from None
             tensors.append(TensorExport(name, mapped, item.file, checked(
                 name, target.name, mapped, lambda n=name: Parts(None, ctx.source, n), lambda p: p.decoded(), ctx.allow_rounding, report)))
-            del info
             continue
         try:
             mapped = target.map(name, desc, ctx)
