@@ -50,7 +50,10 @@ from tests.peak_memory import MB  # noqa: E402
 
 HIDDEN, LAYERS, INTERMEDIATE, VOCAB = 1024, 8, 2816, 8000
 LARGEST_FP32 = INTERMEDIATE * HIDDEN * 4  # one MLP weight in float32
-OVERHEAD = 48 * MB
+# transformers' and torch's own working set (loading machinery, the forward's activations and
+# allocator slack): measured 35 to 50 MB over runs on a busy 2-core machine.  With it the bound
+# stays under the bf16 checkpoint (227 MB), so holding every bf16 weight would still fail.
+OVERHEAD = 64 * MB
 
 _CHILD = textwrap.dedent("""
     import json, sys
