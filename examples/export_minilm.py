@@ -77,8 +77,10 @@ def check_gguf(path: str, reference: dict[str, np.ndarray]) -> tuple[int, int, d
 def check_compressed_tensors(folder: str, reference: dict[str, np.ndarray], quantized: set[str]) -> tuple[int, int]:
     """(quantized tensors compared, bit-identical): each module decompressed by compressed-tensors'
     own compressor for the format its config group names."""
+    import logging
     import re
 
+    logging.disable(logging.WARNING)  # torchao's import-time notices about CUDA-only extensions
     import torch
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationConfig
