@@ -45,21 +45,8 @@ SENTENCES = [
     "How do I bake sourdough bread at home?",
 ]
 
-# The recipe of scripts/demo_minilm.py (the demo's main job).
-RECIPE = """\
-# Mixed precision: the FFN output projections at int8 per channel, the other linear weights at
-# int4 with a scale per 32 (embeddings, LayerNorms and biases stay fp32).
-[[rules]]
-regex = 'encoder\\.layer\\.\\d+\\.output\\.dense\\.weight'
-scheme = "int"
-bits = 8
-group_size = "none"
-
-[default]
-scheme = "int"
-bits = 4
-group_size = 32
-"""
+#: The recipe of scripts/demo_minilm.py (the demo's main job).
+RECIPE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "minilm_recipe.toml")
 
 
 def model_dir() -> str:
@@ -71,10 +58,7 @@ def model_dir() -> str:
 
 def quantize_demo_checkpoint(dst: str) -> str:
     """Quantize the fp32 model folder into ``dst`` with the demo's mixed recipe; returns ``dst``."""
-    recipe = os.path.join(os.path.dirname(dst), "recipe.toml")
-    with open(recipe, "w") as f:
-        f.write(RECIPE)
-    summary = qformat.quantize_checkpoint(model_dir(), dst, recipe=recipe)
+    summary = qformat.quantize_checkpoint(model_dir(), dst, recipe=RECIPE_PATH)
     print(f"quantized {model_dir()}\n       -> {dst}")
     for line in summary.lines():
         print(line)

@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -59,20 +60,8 @@ def sqnr(x: np.ndarray, y: np.ndarray) -> float:
     return math.inf if err == 0 else 10 * math.log10(float((x64**2).sum()) / err)
 
 
-RECIPE = """\
-# Mixed precision: the FFN output projections at int8 per channel, the other linear weights at
-# int4 with a fp16 scale per 32 (embeddings, LayerNorms and biases stay fp32).
-[[rules]]
-regex = 'encoder\\.layer\\.\\d+\\.output\\.dense\\.weight'
-scheme = "int"
-bits = 8
-group_size = "none"
-
-[default]
-scheme = "int"
-bits = 4
-group_size = 32
-"""
+#: The mixed recipe of the main job (shared with examples/jax_minilm.py and the transformers tests).
+RECIPE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "minilm_recipe.toml")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -92,8 +81,7 @@ def main_job(out: str) -> None:
     src = os.path.dirname(checkpoint_path())
     qdir, pdir = os.path.join(out, "quantized"), os.path.join(out, "dequantized")
     recipe = os.path.join(out, "recipe.toml")
-    with open(recipe, "w") as f:
-        f.write(RECIPE)
+    shutil.copyfile(RECIPE_PATH, recipe)
     print("main job: the model folder -> a qformat folder -> a plain folder\n")
     t0 = time.perf_counter()
     run("quantize", src, qdir, "--recipe", recipe, "--overwrite", "--quiet")

@@ -9,6 +9,7 @@
   and codebook table (subnormals, Inf, NaN, overflowing and underflowing products).
 * :func:`packings`: a code width and a :class:`qformat.packing.Packing` along axis 0.
 * :func:`float_arrays`: float32 arrays of any shape (0 to 3 dimensions) within ``[-top, top]``.
+* :func:`json_paths`: every member and item path of a JSON value (for mutating descriptors).
 
 The strategies build components with NumPy and :func:`tests.filebuild.pack` (qformat's
 pack_rows) and size parameter grids with conformance/spec_reference.py, never with the decoder.
@@ -215,3 +216,15 @@ def float_arrays(draw: Any, top: float) -> np.ndarray:
     top = float(np.float32(top))  # exactly representable bounds
     elements = st.floats(-top, top, width=32, allow_nan=False, allow_infinity=False)
     return draw(hnp.arrays(np.float32, shape, elements=elements))
+
+
+def json_paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every path (tuple of keys and indices) into a JSON value, the empty path first."""
+    out = [prefix]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += json_paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += json_paths(v, prefix + (i,))
+    return out

@@ -35,6 +35,7 @@ from qformat import tables
 from qformat.export import export as export_checkpoint
 from qformat.errors import InvalidFileError, MalformedFileError, QFormatError, UnsupportedError, UsageError
 
+from .strategies import json_paths
 from .filebuild import (
     build_file,
     codebook_tensor,
@@ -1387,17 +1388,6 @@ json_values = st.recursive(
     max_leaves=6)
 
 
-def _paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
 @st.composite
 def mutated_descriptor(draw: Any) -> bytes:
     """The rich file's tensors with 1-3 leaves or subtrees of the qformat object replaced,
@@ -1407,7 +1397,7 @@ def mutated_descriptor(draw: Any) -> bytes:
     data = SEEDS["rich"][8 + header_len :]
     q = json.loads(header["__metadata__"]["qformat"])
     for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(q) if p]
+        paths = [p for p in json_paths(q) if p]
         if not paths:
             break
         path = draw(st.sampled_from(paths))

