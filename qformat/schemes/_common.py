@@ -291,6 +291,31 @@ def nearest_of_two(x: np.ndarray, q0: np.ndarray, q1: np.ndarray, decode) -> np.
     return np.where(e1 < e0, q1, q0)
 
 
+def best_int_codes(x: np.ndarray, s: np.ndarray, z: np.ndarray | float, lo: int, hi: int, dtype: str, exact_product: bool) -> np.ndarray:
+    """Codes in [lo, hi] decoding closest to x (float64 [n, g]) for scale s and zero point z.
+
+    ``exact_product``: the decoded value is exactly (q - z) * s (a float16 / bfloat16 scale
+    times a code is exact in binary32, and float32 output keeps it), so the nearest code is
+    the rounded quotient (float64 division is exact enough: a quotient is never within its
+    rounding error of a half integer unless it is one).  Otherwise the decoder's roundings
+    (binary32 product, cast to the logical dtype) are reproduced and the nearer of the two
+    codes around the quotient is taken.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(s != 0, x / np.where(s != 0, s, 1.0), 0.0)
+    if not isinstance(z, float) or z:
+        y += z
+    q0 = np.clip(np.rint(y), lo, hi)
+    if exact_product:
+        return q0
+    q1 = np.clip(q0 + np.where(y > q0, 1.0, -1.0), lo, hi)  # the runner-up code on the other side
+
+    def decode(q: np.ndarray) -> np.ndarray:
+        return to_output(f32((q - z) * s), dtype)  # (q - z) is exact; product rounded once
+
+    return nearest_of_two(x, q0, q1, decode)
+
+
 #: safetensors dtype of a scale stored in each logical float dtype.
 SCALE_STORAGE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 

@@ -20,19 +20,20 @@ from typing import Any
 import numpy as np
 
 from ..qtensor import QTensor
+from . import int_symmetric
 from .registry import Planned, register
 from ._common import (
-    SCALE_STORAGE, bad_param, check_axis, check_bool, check_choice, check_int, codes_entry, f32, grid_blocks, map_chunks, nearest_of_two, np_dtype, pack, packed_shape, resolve_sizes, to_output,
+    SCALE_STORAGE, bad_param, best_int_codes, check_axis, check_bool, check_choice, check_int, codes_entry, grid_blocks, map_chunks, np_dtype, pack, packed_shape, resolve_sizes,
 )
 
 _SCALE_DTYPES = ("float32", "float16", "bfloat16")
 #: Elements encoded per chunk (None: :data:`~qformat.schemes._common.CHUNK_ELEMENTS`).
-CHUNK_ELEMENTS: int | None = None
+CHUNK_ELEMENTS: int | None = 1 << 19
 #: Relative margin by which a candidate's binary32 squared-error estimate must beat the current
 #: best (starting from Q4_0's choice) to replace it.  The estimate is within about 1e-5 of
 #: the exact squared error, so a replacement is always a real improvement: the chosen scale is
 #: never worse than Q4_0's (tests/test_schemes.py checks it per group, exactly).
-_MARGIN = 1e-4
+_MARGIN = int_symmetric.MARGIN
 
 
 def _multipliers(bits: int) -> list[tuple[float, float]]:
@@ -48,39 +49,23 @@ def _multipliers(bits: int) -> list[tuple[float, float]]:
     return [(-1.0, half), (1.0, half), (-1.0, half + 0.5), (1.0, half + 0.5), (-1.0, half + 0.25)]
 
 
-def _best_codes(x: np.ndarray, s: np.ndarray, z: np.ndarray | float, lo: int, hi: int, dtype: str, exact_product: bool) -> np.ndarray:
-    """Codes in [lo, hi] decoding closest to x (float64 [n, g]) for scale s and zero point z.
-
-    ``exact_product``: the decoded value is exactly (q - z) * s (a float16 / bfloat16 scale
-    times a code is exact in binary32, and float32 output keeps it), so the nearest code is
-    the rounded quotient (float64 division is exact enough: a quotient is never within its
-    rounding error of a half integer unless it is one).  Otherwise the decoder's roundings
-    (binary32 product, cast to the logical dtype) are reproduced and the nearer of the two
-    codes around the quotient is taken.
-    """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        y = np.where(s != 0, x / np.where(s != 0, s, 1.0), 0.0)
-    if not isinstance(z, float) or z:
-        y += z
-    q0 = np.clip(np.rint(y), lo, hi)
-    if exact_product:
-        return q0
-    q1 = np.clip(q0 + np.where(y > q0, 1.0, -1.0), lo, hi)  # the runner-up code on the other side
-
-    def decode(q: np.ndarray) -> np.ndarray:
-        return to_output(f32((q - z) * s), dtype)  # (q - z) is exact; product rounded once
-
-    return nearest_of_two(x, q0, q1, decode)
-
-
 def _to_scale(v: np.ndarray, scale_dtype: str) -> np.ndarray:
     """Round candidate scales to the stored dtype; back as float64 (exact)."""
     with np.errstate(over="ignore"):
         return np.asarray(v, np.float64).astype(np_dtype(scale_dtype)).astype(np.float64)
 
 
-def _symmetric(x: np.ndarray, bits: int, scale_dtype: str, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(codes int8 [n, g], scales float64 [n], ok [n]) of the groups (rows) of x.
+def _symmetric(x: np.ndarray, bits: int, scale_dtype: str, dtype: str, packed: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`symmetric_reference`'s result, through the binary32 path where it applies;
+    ``packed``: 4-bit codes packed along each row (see :func:`int_symmetric.nibbles`)."""
+    if int_symmetric.covered(x.dtype, scale_dtype, dtype):
+        return int_symmetric.symmetric(x, bits, scale_dtype, dtype, symmetric_reference, packed)
+    q, s, ok = symmetric_reference(x, bits, scale_dtype, dtype)
+    return (int_symmetric.nibbles(q) if packed else q), s, ok
+
+
+def symmetric_reference(x: np.ndarray, bits: int, scale_dtype: str, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes int8 [n, g], scales float64 [n], ok [n]) of the groups (rows) of x: the rule.
 
     The scale search runs in binary32: per candidate, codes rint(x / s) and the squared error
     of the values a reader decodes, summed per group.  Candidates are tried from Q4_0's
@@ -133,14 +118,14 @@ def _symmetric(x: np.ndarray, bits: int, scale_dtype: str, dtype: str) -> tuple[
         best[better] = c
     best_s = S[best, np.arange(n)]
     exact = dtype == "float32" and scale_dtype != "float32"
-    if exact:  # the nearest code is the rounded exact quotient (see _best_codes), in place
+    if exact:  # the nearest code is the rounded exact quotient (see best_int_codes), in place
         q = xt.astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             np.divide(q, np.where(best_s != 0, best_s, 1.0), out=q)
         np.rint(q, out=q)
         np.clip(q, lo, hi, out=q)
     else:
-        q = _best_codes(np.ascontiguousarray(x.T, np.float64), best_s, 0.0, lo, hi, dtype, False)
+        q = best_int_codes(np.ascontiguousarray(x.T, np.float64), best_s, 0.0, lo, hi, dtype, False)
     return np.ascontiguousarray(q.astype(np.int8).T), best_s, chosen
 
 
@@ -155,7 +140,7 @@ def _asymmetric(x: np.ndarray, bits: int, scale_dtype: str, dtype: str) -> tuple
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(s > 0, np.clip(np.rint(-mn / np.where(s > 0, s, 1.0)), 0, qmax), 0.0)
     exact = dtype == "float32" and scale_dtype != "float32"
-    q = _best_codes(x, s[:, None], z[:, None], 0, qmax, dtype, exact)
+    q = best_int_codes(x, s[:, None], z[:, None], 0, qmax, dtype, exact)
     return q.astype(np.uint8), s, z, ok
 
 
@@ -232,18 +217,27 @@ def encode(x: np.ndarray, *, dtype: str, bits: Any = 4, group_size: Any = 32, ax
     length = 1 if ax is None else x.shape[ax]
     blocks = grid_blocks(sizes)
     desc: dict[str, Any] = {"shape": list(x.shape), "dtype": dtype}
-    fn = _symmetric if sym else _asymmetric
-    parts = map_chunks(lambda a, c: fn(rows[a:c], b, sdt, dtype), len(rows), gs, CHUNK_ELEMENTS)
+    # 4-bit symmetric codes along the last axis in whole even groups (the usual case) are packed
+    # by the workers: each group is a whole number of bytes of the canonical packing.
+    packed = sym and b == 4 and ax == rank - 1 and ng * gs == length and gs % 2 == 0
+    if sym:
+        parts = map_chunks(lambda a, c: _symmetric(rows[a:c], b, sdt, dtype, packed), len(rows), gs, CHUNK_ELEMENTS)
+    else:
+        parts = map_chunks(lambda a, c: _asymmetric(rows[a:c], b, sdt, dtype), len(rows), gs, CHUNK_ELEMENTS)
     q, s, *rest = (np.concatenate(p) for p in zip(*parts))
     if not rest[-1].all():
         i = int(np.argmin(rest[-1]))
         raise bad_param("scale_dtype", f"a dtype that holds every group's scale (max |x| = {float(np.max(np.abs(rows[i]))):g})", sdt)
-    codes = _ungrouped(q, lead, length, ax, x.shape)
-    if sym:
+    if packed:
+        desc["codes"] = codes_entry("codes", {"type": "int", "bits": b, "signedness": "twos_complement"}, rank)
+        comps = {"codes": q.reshape(lead + (length // 2,))}
+    elif sym:
+        codes = _ungrouped(q, lead, length, ax, x.shape)
         desc["codes"] = codes_entry("codes", {"type": "int", "bits": b, "signedness": "twos_complement"}, rank)
         # 8-bit codes keep their natural dtype so plain safetensors readers see the integers.
         comps = {"codes": codes if b == 8 else pack(codes.view(np.uint8) & np.uint8((1 << b) - 1), b)}
     else:
+        codes = _ungrouped(q, lead, length, ax, x.shape)
         z = rest[0]
         desc["codes"] = codes_entry("codes", {"type": "int", "bits": b, "signedness": "unsigned"}, rank)
         desc["zero"] = {"blocks": blocks, "tensor": "zero"}
