@@ -811,8 +811,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per row (default 7; --quick 1)")
     ap.add_argument("--json", default="bench/results.json", help="where to write the results")
     ap.add_argument("--only", default="decode,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
-                    help="comma-separated sections (also: generate, bench/generate.py, not in the default run)")
+                    help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py)")
     ap.add_argument("--checkpoint-gb", default="0.5,1,2,4", help="source sizes of the checkpoint section (GiB, comma-separated)")
+    ap.add_argument("--llama-gb", type=float, default=1.5, help="size of the llama section's fp16 checkpoint (GiB)")
     ap.add_argument("--check-gb", type=float, default=4.0, help="size of the checked file (GiB)")
     ap.add_argument("--tmp", default=None, help="folder for the big temporary files (default: the system's)")
     a = ap.parse_args(argv)
@@ -844,6 +845,10 @@ def main(argv: list[str] | None = None) -> int:
             bench_encode(run, *((64, 256) if a.quick else (4096, 4096)))
         if "checkpoint" in only:
             bench_checkpoint(run, tmp, [0.002] if a.quick else [float(x) for x in a.checkpoint_gb.split(",")])
+        if "llama" in only:
+            from .llama import bench_llama
+
+            bench_llama(run, tmp, 0.02 if a.quick else a.llama_gb)
         if "generate" in only:
             from .generate import bench_generate
 

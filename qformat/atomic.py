@@ -34,11 +34,13 @@ def default_mode(folder: bool = False) -> int:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str], mode: str = "wb", **open_kw: object) -> Iterator[IO]:
+def atomic_write(path: str | os.PathLike[str], mode: str = "wb", *, sync: bool = True, **open_kw: object) -> Iterator[IO]:
     """Open a temporary file in ``path``'s folder; on success it replaces ``path`` in one rename.
 
     If the body raises (or the process is interrupted), ``path`` keeps its previous content and
-    the temporary file is removed.  An existing file's permission bits are kept.
+    the temporary file is removed.  An existing file's permission bits are kept.  ``sync``
+    False leaves the fsync to the caller (files inside a temporary folder that is itself
+    renamed into place only after :func:`fsync_path` of each).
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -47,10 +49,21 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb", **open_kw: obje
         with os.fdopen(fd, mode, **open_kw) as f:  # type: ignore[call-overload]
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.chmod(tmp, os.stat(path).st_mode & 0o777 if os.path.exists(path) else default_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Flush a written file's data to the device (through a read-only descriptor: Linux and
+    the BSDs sync the file, not the descriptor)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

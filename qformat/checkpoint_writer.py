@@ -24,12 +24,13 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
 from . import container
-from .atomic import atomic_write, default_mode
+from .atomic import atomic_write, default_mode, fsync_path
 from .container import FilePlan, TensorSpec, plan_file
 from .errors import error
 
@@ -131,20 +132,27 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
     parent = os.path.dirname(dst)
     clean_stale(parent, notice)
     tmp = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=parent)
+    # Each file is flushed to the device by a background thread while the next is written (the
+    # device's write-back then overlaps the work); all are durable before anything is renamed.
+    syncer = ThreadPoolExecutor(1, thread_name_prefix="qformat-fsync")
+    pending: list[Future[None]] = []
     try:
         _mark(tmp, dst)
         for f, plan in zip(files, plans):
             path = os.path.join(tmp, f.name)
             producers = {t.spec.name: t.produce for t in f.tensors}
             if f.groups:
-                write_grouped(path, plan, producers, f.groups, written)
+                write_grouped(path, plan, producers, f.groups, written, sync=False)
             else:
                 copies = {t.spec.name: t.copy_from for t in f.tensors if t.copy_from is not None}
-                write_planned(path, plan, lambda s, p=producers: p[s.name](), written, copies)
+                write_planned(path, plan, lambda s, p=producers: p[s.name](), written, copies, sync=False)
+            pending.append(syncer.submit(fsync_path, path))
             if verify is not None:
                 verify(path)
             if file_done is not None:
                 file_done(f.name, plan.data_bytes)
+        for fut in pending:
+            fut.result()  # an fsync error is the write's error
         os.unlink(os.path.join(tmp, MARKER))
         if not as_folder:
             os.replace(os.path.join(tmp, files[0].name), dst)
@@ -153,9 +161,12 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
         os.chmod(tmp, default_mode(folder=True))  # mkdtemp made it 0700
         for p in side_files:
             shutil.copyfile(p, os.path.join(tmp, os.path.basename(p)))
+            fsync_path(os.path.join(tmp, os.path.basename(p)))
         for n, data in (extra_files or {}).items():
             with open(os.path.join(tmp, n), "wb") as fh:
                 fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
         if index is not None:
             _write_index(os.path.join(tmp, index.name), files, plans, index)
         if os.path.exists(dst):
@@ -167,8 +178,12 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
         else:
             os.replace(tmp, dst)
     except BaseException:
+        for fut in pending:
+            fut.cancel()
+        syncer.shutdown(wait=True)  # no fsync may still hold a file of the folder removed next
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    syncer.shutdown(wait=False)
     return [os.path.join(dst, f.name) for f in files]
 
 
@@ -226,7 +241,7 @@ def clean_stale(parent: str, notice: Callable[[str], None] | None = None) -> lis
 
 
 def write_grouped(path: str, plan: FilePlan, producers: Mapping[str, Callable[[], np.ndarray]],
-                  groups: Iterable[OutGroup], written: Callable[[TensorSpec], None] | None = None) -> None:
+                  groups: Iterable[OutGroup], written: Callable[[TensorSpec], None] | None = None, sync: bool = True) -> None:
     """Write a planned file whose tensors come in groups (every component of one encoded
     tensor from one encoding): walking the planned order, the first tensor of a group not yet
     written makes the whole group, and each of its arrays is written at its planned offset,
@@ -241,7 +256,7 @@ def write_grouped(path: str, plan: FilePlan, producers: Mapping[str, Callable[[]
         off += t.nbytes
     done: set[str] = set()
     specs = {s.name: s for s in plan.order}
-    with atomic_write(path, "wb") as f:
+    with atomic_write(path, "wb", sync=sync) as f:
         f.write(plan.header)
         f.truncate(plan.size)
         for t in plan.order:
@@ -265,10 +280,10 @@ def write_grouped(path: str, plan: FilePlan, producers: Mapping[str, Callable[[]
 
 def write_planned(path: str, plan: FilePlan, produce: Callable[[TensorSpec], np.ndarray],
                   written: Callable[[TensorSpec], None] | None = None,
-                  copy_from: Mapping[str, tuple[str, int]] | None = None) -> None:
+                  copy_from: Mapping[str, tuple[str, int]] | None = None, sync: bool = True) -> None:
     """One file of the checkpoint (:func:`qformat.container.write_planned`; ``copy_from``:
     tensors whose bytes are copied file to file from ``(path, offset)``)."""
-    container.write_planned(path, plan, produce, written, copy_from)
+    container.write_planned(path, plan, produce, written, copy_from, sync)
 
 
 def _write_index(path: str, files: list[OutFile], plans: list[FilePlan], spec: IndexSpec) -> None:

@@ -278,7 +278,7 @@ def plan_file(specs: Iterable[TensorSpec], metadata: Mapping[str, str] | None) -
 
 def write_planned(path: str | os.PathLike[str], plan: FilePlan, produce: Callable[[TensorSpec], np.ndarray],
                   written: Callable[[TensorSpec], None] | None = None,
-                  copy_from: Mapping[str, tuple[str, int]] | None = None) -> None:
+                  copy_from: Mapping[str, tuple[str, int]] | None = None, sync: bool = True) -> None:
     """Write a planned file atomically, producing each tensor body only when its turn comes.
 
     ``produce(spec)`` returns the tensor's array (its storage dtype and shape must be the
@@ -289,10 +289,11 @@ def write_planned(path: str | os.PathLike[str], plan: FilePlan, produce: Callabl
 
     ``copy_from`` maps a tensor name to ``(file, offset)`` where its body already sits byte for
     byte: it is copied file to file in the kernel (``os.copy_file_range``; no page of it enters
-    this process), falling back to ``produce`` where the system cannot.
+    this process), falling back to ``produce`` where the system cannot.  ``sync``: as for
+    :func:`~qformat.atomic.atomic_write`.
     """
     copies = dict(copy_from or {})
-    with atomic_write(path, "wb") as f:
+    with atomic_write(path, "wb", sync=sync) as f:
         f.write(plan.header)
         for t in plan.order:
             where = copies.get(t.name)

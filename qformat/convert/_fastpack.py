@@ -158,10 +158,14 @@ def extract_packed(blocks: np.ndarray, count: int, parts: Sequence[list[tuple[in
         per = count // length
         step = max(per, step // per * per)
     bpr = length / count  # blocks per row
+    planes = nibble_planes(parts, count, blocks.shape[1]) if bits == 4 and length % count == 0 else None
 
     def work(r0: int) -> None:
         r1 = min(rows, r0 + step)
         b0, b1 = int(r0 * bpr), int(r1 * bpr)
+        if planes is not None:
+            out[r0:r1] = pack_planes(blocks[b0:b1], *planes).reshape(r1 - r0, width)
+            return
         codes = extract(blocks[b0:b1], count, parts).reshape(r1 - r0, length)
         out[r0:r1] = pack_canonical(codes, bits)
 
@@ -176,3 +180,60 @@ def extract_packed(blocks: np.ndarray, count: int, parts: Sequence[list[tuple[in
         with ThreadPoolExecutor(n) as ex:
             list(ex.map(work, starts))
     return out.reshape(tuple(shape[:-1]) + (width,))
+
+
+def nibble_planes(parts: Sequence[list[tuple[int, int, int, int, int, int]]], count: int, block_bytes: int) -> tuple[int, int, int] | None:
+    """``(offset, run, repeats)`` when a 4-bit field is ggml's nibble-plane layout (Q4_0, Q4_1,
+    Q4_K): ``repeats`` runs of ``run`` bytes from byte ``offset`` on, each giving ``run`` codes
+    from its low nibbles, then ``run`` from its high nibbles; None for any other layout or where
+    the 16-bit reads of :func:`pack_planes` would not line up (odd offset or run)."""
+    if len(parts) != 1 or block_bytes % 2:
+        return None
+    runs = parts[0]
+    if not runs or len(runs) % 2:
+        return None
+    n, offset = runs[0][1], runs[0][2]
+    if n % 2 or offset % 2 or 2 * n * (len(runs) // 2) != count:
+        return None
+    for r in range(len(runs) // 2):
+        lo, hi = runs[2 * r], runs[2 * r + 1]
+        if lo != (2 * r * n, n, offset + r * n, 0, 15, 0) or hi != (2 * r * n + n, n, offset + r * n, 4, 15, 0):
+            return None
+    return offset, n, len(runs) // 2
+
+
+def pack_planes(blocks: np.ndarray, offset: int, run: int, repeats: int) -> np.ndarray:
+    """The canonical packing of a nibble-plane field's codes (see :func:`nibble_planes`), per
+    block ``[nblocks, repeats * run]``: equal to ``pack_canonical(extract(...), 4)``.
+
+    Canonical byte k of a run is codes 2k and 2k + 1: for k < run / 2 the low nibbles of source
+    bytes 2k and 2k + 1, after that the high nibbles of bytes 2j and 2j + 1 (j = k - run / 2).
+    Read as a little-endian 16-bit word w of those two bytes, that is ``(w & 0x0F) | (w >> 4 &
+    0xF0)`` and ``(w >> 4 & 0x0F) | (w >> 8 & 0xF0)``: whole-array operations on every word of
+    the blocks (the few words that are not codes are computed and dropped), then one copy per
+    half run.
+    """
+    b = np.ascontiguousarray(blocks)
+    w = b.reshape(-1).view("<u2")
+    t = np.empty_like(w)
+    lo = np.bitwise_and(w, np.uint16(0x0F))
+    np.right_shift(w, np.uint16(4), out=t)
+    np.bitwise_and(t, np.uint16(0xF0), out=t)
+    lo |= t
+    hi = np.right_shift(w, np.uint16(8))
+    hi &= np.uint16(0xF0)
+    np.right_shift(w, np.uint16(4), out=t)
+    t &= np.uint16(0x0F)
+    hi |= t
+    nb, half = b.shape[0], run // 2
+    lo8 = lo.astype(np.uint8).reshape(nb, -1)
+    hi8 = hi.astype(np.uint8).reshape(nb, -1)
+    out = np.empty((nb, repeats, 2, half), np.uint8)
+    # 8-byte words where the halves allow: a row loop over 8 single bytes costs more than the rest
+    wide = "<u8" if half % 8 == 0 else "u1"
+    ov = out.view(wide)
+    for r in range(repeats):
+        a = offset // 2 + r * half
+        ov[:, r, 0] = lo8[:, a:a + half].view(wide)
+        ov[:, r, 1] = hi8[:, a:a + half].view(wide)
+    return out.reshape(nb, repeats * run)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from qformat.convert import gguf
-from qformat.convert._fastpack import canonical_copy, pack_canonical
+from qformat.convert import _fastpack
+from qformat.convert._fastpack import canonical_copy, nibble_planes, pack_canonical
 from qformat.packing import Packing, unpack_rows
 from qformat.schemes._common import pack, packing
 
@@ -48,3 +49,27 @@ def test_gguf_fields_extract_like_the_reference(type_id):
     # non-contiguous rows (a strided view of the memory map) as the converter may pass
     view = np.repeat(blocks, 2, axis=0)[::2]
     assert np.array_equal(spec.codes.extract(view), spec.codes.extract_reference(blocks))
+
+
+@pytest.mark.parametrize("type_id", sorted(gguf.TYPES))
+def test_gguf_packed_codes_equal_packing_the_reference(type_id):
+    """extract_packed (the nibble-plane path for Q4_0 / Q4_1 / Q4_K, the general one for the
+    rest) equals the canonical packing of the per-element reference, for whole-row shapes
+    with one and several blocks per row, in one chunk and in many, on one thread and two."""
+    spec = gguf.TYPES[type_id]
+    rng = np.random.default_rng(1000 + type_id)
+    count = spec.codes.parts[0][0].size
+    planes = nibble_planes(spec.codes._runs, count, spec.size)
+    assert (planes is not None) == (spec.name in ("Q4_0", "Q4_1", "Q4_K")), spec.name
+    for rows, per_row in ((7, 1), (5, 3), (64, 2)):
+        blocks = rng.integers(0, 256, (rows * per_row, spec.size), dtype=np.uint8)
+        shape = (rows, per_row * count)
+        want = pack(spec.codes.extract_reference(blocks).reshape(shape), spec.codes.bits)
+        for chunk, threads in ((1 << 20, 1), (count, 2)):
+            old = _fastpack.CHUNK_CODES
+            _fastpack.CHUNK_CODES = chunk
+            try:
+                got = _fastpack.extract_packed(blocks, count, spec.codes._runs, shape, spec.codes.bits, threads)
+            finally:
+                _fastpack.CHUNK_CODES = old
+            assert np.array_equal(got, want), (spec.name, rows, per_row, chunk, threads)

@@ -169,16 +169,45 @@ def test_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     calls = []
     real = writer.write_planned
 
-    def flaky(path, *args):
+    def flaky(path, *args, **kw):
         calls.append(path)
         if len(calls) == 2:
             raise OSError("disk full (simulated)")
-        return real(path, *args)
+        return real(path, *args, **kw)
 
     monkeypatch.setattr(writer, "write_planned", flaky)
     before = sorted(os.listdir(tmp_path))
     with pytest.raises(OSError):
         convert(folder, tmp_path / "out")
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_every_file_is_synced_before_the_rename_and_a_sync_error_fails_the_write(tmp_path, monkeypatch):
+    """Files are flushed by a background thread while the next is written; the folder appears
+    only after every flush returned, and a failed flush is the write's error (nothing left)."""
+    folder, _ = _sharded(tmp_path)
+    from qformat import checkpoint_writer as writer
+
+    synced: list[str] = []
+    real = writer.fsync_path
+
+    def record(path):
+        assert not os.path.exists(tmp_path / "out")  # nothing renamed into place yet
+        synced.append(os.path.basename(path))
+        real(path)
+
+    monkeypatch.setattr(writer, "fsync_path", record)
+    convert(folder, tmp_path / "out")
+    shards = sorted(n for n in os.listdir(tmp_path / "out") if n.endswith(".safetensors"))
+    assert len(shards) >= 2 and set(shards) <= set(synced)
+
+    def failing(path):
+        raise OSError("I/O error (simulated)")
+
+    monkeypatch.setattr(writer, "fsync_path", failing)
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(OSError, match="simulated"):
+        convert(folder, tmp_path / "out2")
     assert sorted(os.listdir(tmp_path)) == before
 
 
