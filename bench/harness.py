@@ -574,8 +574,9 @@ def _tree_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path) if n.endswith(".safetensors"))
 
 
-def _copy_seconds(path: str, tmp: str, reps: int) -> float:
-    """Best of ``reps`` plain copies (shutil.copyfile: the kernel's copy) of a file or folder's files."""
+def _copy_seconds(path: str, tmp: str, reps: int, durable: bool = False) -> float:
+    """Best of ``reps`` plain copies (shutil.copyfile: the kernel's copy) of a file or folder's
+    files; ``durable``: each copy also fsynced, as qformat's writer does before its rename."""
     import shutil
 
     files = [path] if os.path.isfile(path) else sorted(os.path.join(path, n) for n in os.listdir(path))
@@ -587,6 +588,10 @@ def _copy_seconds(path: str, tmp: str, reps: int) -> float:
         t0 = time.perf_counter()
         for f in files:
             shutil.copyfile(f, os.path.join(dst, os.path.basename(f)))
+            if durable:
+                fd = os.open(os.path.join(dst, os.path.basename(f)), os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
         best = min(best, time.perf_counter() - t0)
         shutil.rmtree(dst)
     return best
@@ -697,24 +702,27 @@ def bench_checkpoint(run: Run, tmp: str, sizes_gb: list[float]) -> None:
         results = []
         if run.quick:  # one child for every command, copies measured after
             res = _ckpt_children([c for _, _, c in ops], one_each=False)
-            results = [(n, src.get(k, k), _copy_seconds(src.get(k, k), base, 1), r) for (n, k, _), r in zip(ops, res)]
+            results = [(n, src.get(k, k), _copy_seconds(src.get(k, k), base, 1), _copy_seconds(src.get(k, k), base, 1, True), r)
+                       for (n, k, _), r in zip(ops, res)]
         for name, key, cmd in ([] if run.quick else ops):
             path = src.get(key, key)
             copy_s = _copy_seconds(path, base, 1 if gb >= 2 else 2)
+            durable_s = _copy_seconds(path, base, 1 if gb >= 2 else 2, durable=True)
             os.sync()
-            results.append((name, path, copy_s, _ckpt_children([cmd], one_each=True)[0]))
+            results.append((name, path, copy_s, durable_s, _ckpt_children([cmd], one_each=True)[0]))
             if name.startswith(("dequantize", "convert")):
                 for n in ("dq", "g.safetensors", "ip", "rp"):
                     if os.path.exists(o(n)):
                         shutil.rmtree(o(n)) if os.path.isdir(o(n)) else os.remove(o(n))
-        for name, path, copy_s, r in results:
+        for name, path, copy_s, durable_s, r in results:
             nbytes = _tree_bytes(path)
             row = {"section": "checkpoint", "name": f"{name}, {gb:g} GB", "op": name, "size_GB": gb, "src_MB": nbytes / MB,
                    "seconds": r["seconds"], "MBps": nbytes / MB / r["seconds"], "copy_seconds": copy_s,
-                   "x_copy": copy_s / r["seconds"], "peak_rss_MB": r["maxrss_kb"] / 1024}
+                   "x_copy": copy_s / r["seconds"], "durable_copy_seconds": durable_s, "x_durable_copy": durable_s / r["seconds"],
+                   "peak_rss_MB": r["maxrss_kb"] / 1024}
             run.rows.append(row)
             print(f"  {row['name']:<46} {nbytes / MB:8.0f} MB {r['seconds']:8.2f} s {row['MBps']:8.1f} MB/s "
-                  f"{row['x_copy']:6.3f}x copy  peak RSS {row['peak_rss_MB']:6.0f} MB", flush=True)
+                  f"{row['x_copy']:6.3f}x copy {row['x_durable_copy']:6.3f}x copy+fsync  peak RSS {row['peak_rss_MB']:6.0f} MB", flush=True)
         if not run.quick:
             for name, req in (("convert GGUF (Q4_0, Q8_0, Q4_K)", 0.2), ("convert in place (qformat, sharded)", 0.5), ("convert --repack (qformat, sharded)", 0.2)):
                 r = next(x for x in run.rows if x["section"] == "checkpoint" and x["name"] == f"{name}, {gb:g} GB")
