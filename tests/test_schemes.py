@@ -381,8 +381,9 @@ def _raises(code: str, fn: Any, *args: Any, **kw: Any) -> QFormatError:
 
 @pytest.mark.parametrize("scheme", ids())
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_nonfinite_input_rejected(scheme: str, bad: float) -> None:
-    x = _input((3, 8))
+@pytest.mark.parametrize("in_dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_nonfinite_input_rejected(scheme: str, bad: float, in_dtype: str) -> None:
+    x = _input((3, 8)).astype(ml_dtypes.bfloat16 if in_dtype == "bfloat16" else in_dtype)
     x[1, 5] = bad
     x[2, 0] = bad
     params = {"values": CB16} if scheme == "codebook" else {}
@@ -400,6 +401,15 @@ def test_value_beyond_logical_dtype_rejected() -> None:
     err = _raises("ENCODE_INPUT_INVALID", quantize, np.array([1.0, 1e6], np.float32), "fp8_e4m3", dtype="float16")
     assert "float16" in str(err) and "(1,)" in str(err)
     _raises("ENCODE_INPUT_INVALID", quantize, np.array([1e300]), "mxfp4")
+    # the extremes decide: float16's largest value and what rounds to it pass, 65520 does not
+    # (also from bfloat16 input, whose range check works on the bits; also the negative end)
+    quantize(np.array([65504.0, -65519.99], np.float32), "int", dtype="float16")
+    err = _raises("ENCODE_INPUT_INVALID", quantize, np.array([1.0, -65520.0], np.float32), "int", dtype="float16")
+    assert "(1,)" in str(err)
+    err = _raises("ENCODE_INPUT_INVALID", quantize, np.array([1.0, 2.0, -70144.0], ml_dtypes.bfloat16), "int", dtype="float16")
+    assert "1 that overflow" in str(err) and "(2,)" in str(err)
+    quantize(np.array([1.0, -65280.0], ml_dtypes.bfloat16), "int", dtype="float16")
+    _raises("ENCODE_INPUT_INVALID", quantize, np.array([3.4e38, 1.0]), "int", dtype="bfloat16")
 
 
 @pytest.mark.parametrize("scheme", ["nope", "INT", "", None, 3])
