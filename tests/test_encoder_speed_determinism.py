@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import qformat.schemes
-from qformat.schemes import _common, int_, quantize
+import ml_dtypes
+
+from qformat.schemes import _common, _float_fast, int_, quantize
 
 _PARAMS = {"codebook": {"values": [-1.0, -0.4, 0.0, 0.3, 1.0]}}
 _EXTRA = {"int": [{}, {"bits": 8, "group_size": None}, {"symmetric": False, "axis": 0, "group_size": 3},
@@ -33,13 +35,32 @@ def test_same_bytes_for_every_thread_count_and_chunk_size(monkeypatch: pytest.Mo
         for threads, chunk in [(2, 64), (2, 1000), (3, 1), (1, 97)]:
             monkeypatch.setattr(_common, "THREADS", threads)
             monkeypatch.setattr(_common, "CHUNK_ELEMENTS", chunk)
-            monkeypatch.setattr(int_, "CHUNK_ELEMENTS", None)
+            monkeypatch.setattr(int_, "CHUNK_ELEMENTS", None)  # the encoders' own defaults: _common's
+            monkeypatch.setattr(_float_fast, "CHUNK_ELEMENTS", None)
             got = quantize(x, scheme, **params)
             assert got.descriptor == want.descriptor
             assert set(got.components) == set(want.components)
             for k, a in want.components.items():
                 b = got.components[k]
                 assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), (scheme, params, threads, chunk, k)
+
+
+@pytest.mark.parametrize("in_dtype", ["float16", "bfloat16"])
+def test_int_fast_path_same_bytes_for_every_thread_count_and_chunk_size(monkeypatch: pytest.MonkeyPatch, in_dtype: str) -> None:
+    """The symmetric int encoder's binary32 path on 16-bit input (decoded values rounded to the
+    input's dtype), packed 4-bit and unpacked 8-bit codes."""
+    x = _data((67, 160)).astype(ml_dtypes.bfloat16 if in_dtype == "bfloat16" else np.float16)
+    for params in ({}, {"bits": 8, "group_size": 16}):
+        monkeypatch.setattr(_common, "THREADS", 1)
+        monkeypatch.setattr(int_, "CHUNK_ELEMENTS", 1 << 24)
+        want = quantize(x, "int", **params)
+        for threads, chunk in [(2, 64), (3, 1), (2, 999)]:
+            monkeypatch.setattr(_common, "THREADS", threads)
+            monkeypatch.setattr(int_, "CHUNK_ELEMENTS", chunk)
+            got = quantize(x, "int", **params)
+            assert got.descriptor == want.descriptor
+            for k, a in want.components.items():
+                assert a.tobytes() == got.components[k].tobytes(), (in_dtype, params, threads, chunk, k)
 
 
 def test_map_chunks_keeps_order_and_calls_empty_once(monkeypatch: pytest.MonkeyPatch) -> None:

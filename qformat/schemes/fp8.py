@@ -17,8 +17,10 @@ import numpy as np
 from ..qtensor import QTensor
 from .registry import Planned, register
 from ._common import (
-    bad_param, cast_codes, cell_amax, cells, check_axis, check_choice, check_int, codes_entry, fit_scale, float_spec, grid_array, grid_blocks, map_chunks, resolve_sizes, uncells,
+    bad_param, cast_codes, cell_axes, cells, check_axis, check_choice, check_int, codes_entry, fit_scale, float_spec, grid_array, grid_blocks, map_chunks, resolve_sizes, uncells,
 )
+from . import _float_fast
+from ._float_fast import tie_suspects
 
 _GRANULARITY = ("tensor", "channel", "block")
 _STORAGE = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -58,21 +60,51 @@ def _plan(fmt: str, shape: tuple[int, ...], dtype: str, granularity: Any, axis: 
     return desc, {"codes": (_STORAGE_NAME[fmt], tuple(shape)), "scale": ("F32", resolve_sizes(shape, sizes)[1])}
 
 
+def _amax(xc: np.ndarray) -> np.ndarray:
+    """max |x| per cell (keepdims) as :func:`~._common.cell_amax`, from max and min (no |x| temporary)."""
+    axes = cell_axes(xc.ndim // 2)
+    hi = np.max(xc, axis=axes, keepdims=True, initial=-np.inf)
+    lo = np.min(xc, axis=axes, keepdims=True, initial=np.inf)
+    return np.maximum(hi, -lo)
+
+
+def _codes(fmt: str, xs: np.ndarray, ss: np.ndarray) -> np.ndarray:
+    """Codes of x / s for cells ``xs`` with scales ``ss`` (float64, broadcast), as the binary64
+    quotient rounds.  For binary32 x that is also how the exact quotient rounds (a quotient of
+    two 24-bit values is never within 2^-29 of a tie of the format without being on it), and
+    so does the binary32 quotient, at a third of the cost, unless it landed on a tie (see
+    tie_suspects)."""
+    if xs.dtype != np.float32:
+        return cast_codes(xs / ss, fmt)
+    q = xs / ss.astype(np.float32)
+    c = cast_codes(q, fmt).reshape(-1)
+    idx = tie_suspects(q, float_spec(fmt)[1])
+    if idx.size:
+        at = np.unravel_index(idx, q.shape)
+        s_at = ss[tuple(i if n > 1 else 0 for i, n in zip(at, ss.shape))]
+        c[idx] = cast_codes(xs[at].astype(np.float64) / s_at, fmt)
+    return c.reshape(q.shape)
+
+
 def _encode(fmt: str, x: np.ndarray, dtype: str, granularity: Any, axis: Any, block_size: Any) -> QTensor:
     rank = x.ndim
     sizes = _sizes(rank, granularity, axis, block_size)
     fmax = float_spec(fmt)[3]
-    # float16 / bfloat16 values are exact in binary32; the quotient below is float64, as ever.
-    xc = cells(x.astype(np.float64 if x.dtype == np.float64 else np.float32), sizes)
-    s = fit_scale(cell_amax(xc).astype(np.float64), fmax)
-    if rank:  # elementwise from here: chunks along the first axis of the cell view
-        sb = s.shape[0] > 1
+    # float16 / bfloat16 values are exact in binary32 (and their quotients round as the exact
+    # binary64 ones do, see _codes).
+    xc = cells(np.ascontiguousarray(x, np.float64 if x.dtype == np.float64 else np.float32), sizes)
+    s = fit_scale(_amax(xc).astype(np.float64), fmax)
+    if rank:  # elementwise from here: chunks along the first axis of the cell view longer than 1
+        ax = next((a for a, n in enumerate(xc.shape) if n > 1), 0)
+        n = xc.shape[ax]
+        out = np.empty(xc.shape, np.uint8)
 
-        def part(lo: int, hi: int) -> np.ndarray:
-            return cast_codes(xc[lo:hi].astype(np.float64) / (s[lo:hi] if sb else s), fmt)
+        def part(lo: int, hi: int) -> None:
+            sl = (slice(None),) * ax + (slice(lo, hi),)
+            out[sl] = _codes(fmt, xc[sl], s[sl] if s.shape[ax] > 1 else s)
 
-        parts = map_chunks(part, xc.shape[0], xc[:1].size)
-        codes = np.ascontiguousarray(uncells(np.concatenate(parts) if len(parts) > 1 else parts[0], x.shape))
+        map_chunks(part, n, xc.size // max(n, 1), _float_fast.CHUNK_ELEMENTS)
+        codes = np.ascontiguousarray(uncells(out, x.shape))
     else:
         codes = cast_codes(xc.astype(np.float64) / s, fmt)
     desc = {

@@ -25,6 +25,8 @@ from .registry import Planned, register
 from ._common import (
     cast_codes, cells, check_int, codes_entry, emax, grid_array, grid_blocks, map_chunks, pack, packed_shape, resolve_sizes, uncells,
 )
+from . import _float_fast
+from ._float_fast import float_codes, pack_stream, packs_flat, row_amax, whole_bytes
 
 #: scheme id -> element format name ("int8" for MXINT8).
 FORMATS = {
@@ -50,39 +52,54 @@ def _blocks(scheme: str, xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     the code (a signed zero) is the same as from the exact float64 quotient.
     """
     fmt = FORMATS[scheme]
-    e = shared_exponent(np.max(np.abs(xb), axis=1, keepdims=True, initial=0).astype(np.float64), fmt)
     if xb.dtype == np.float32:
+        e = shared_exponent(row_amax(xb).astype(np.float64)[:, None], fmt)
         y = xb * np.ldexp(1.0, -e).astype(np.float32)  # 2^-e, e in [-127, 127]: exact in binary32
     else:
+        e = shared_exponent(np.max(np.abs(xb), axis=1, keepdims=True, initial=0).astype(np.float64), fmt)
         y = np.ldexp(xb, -e)  # exact: a power-of-two scaling in float64
-    if fmt == "int8":
-        c = np.clip(np.rint(np.ldexp(y.astype(np.float64), _INT8_FRAC)), -127, 127).astype(np.int8)
+    if fmt == "int8":  # |y| < 2, so y * 64 is exact in binary32 too
+        c = np.clip(np.rint(y * y.dtype.type(1 << _INT8_FRAC)), -127, 127).astype(np.int8)
     else:
-        c = cast_codes(y, fmt)
+        c = float_codes(y, fmt) if y.dtype == np.float32 else cast_codes(y, fmt)
     return c, e[:, 0]
 
 
 def _encode(scheme: str, x: np.ndarray, dtype: str, block_size: Any) -> QTensor:
     bs = check_int("block_size", block_size, 1)
     fmt = FORMATS[scheme]
+    bits = 8 if fmt == "int8" else int(tables.float_formats()[fmt]["bits"])
     rank = x.ndim
     sizes: list[int | None] = [1] * (rank - 1) + [bs] if rank else []
     # float16 / bfloat16 values are exact in binary32; float64 inputs keep float64.
-    xw = x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+    xw = np.ascontiguousarray(x, np.float64 if x.dtype == np.float64 else np.float32)
     xc = cells(xw, sizes) if rank else xw.reshape(1, 1)
     xb = xc.reshape(-1, xc.shape[-1])  # every cell axis but the last has extent 1
-    parts = map_chunks(lambda lo, hi: _blocks(scheme, xb[lo:hi]), xb.shape[0], xb.shape[1])
-    cb = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-    e = (np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]).reshape(xc.shape[:-1] + (1,))
-    y = uncells(cb.reshape(xc.shape), x.shape) if rank else cb.reshape(())
-    if not rank:
-        e = e.reshape(())
+    n = xb.shape[0]
+    # Without padding the codes of whole blocks, in order, are the packed stream (8-bit codes:
+    # the codes array), so each chunk writes its part in place.
+    streamed = rank > 0 and x.shape[-1] % bs == 0 and packs_flat(x.shape, bits) and whole_bytes(bs, bits)
+    per = xb.shape[1] * bits // 8 if streamed else xb.shape[1]  # entries of ``out`` per block
+    out = np.empty(n * per, np.int8 if fmt == "int8" else np.uint8)
+    e = np.empty(n, np.int64)
+
+    def part(lo: int, hi: int) -> None:
+        c, e[lo:hi] = _blocks(scheme, xb[lo:hi])
+        out[lo * per:hi * per] = pack_stream(c, bits) if streamed and bits < 8 else c.reshape(-1)
+
+    map_chunks(part, n, xb.shape[1], _float_fast.CHUNK_ELEMENTS)
+    e = e.reshape(xc.shape[:-1] + (1,)) if rank else e.reshape(())
+    if streamed:
+        codes = out.reshape(x.shape[:-1] + (x.shape[-1] * bits // 8,))
+    else:
+        y = uncells(out.reshape(xc.shape), x.shape) if rank else out.reshape(())
+        codes = np.ascontiguousarray(y).reshape(x.shape) if bits == 8 else pack(y, bits)
     if fmt == "int8":
         element: dict[str, Any] = {"type": "int", "bits": 8, "signedness": "twos_complement", "frac_bits": _INT8_FRAC}
-        codes: np.ndarray = np.ascontiguousarray(y).reshape(x.shape)
     else:
         element = {"type": "float", "format": fmt}
-        codes = np.ascontiguousarray(y).reshape(x.shape).view(_FP8_STORAGE[fmt]) if fmt in _FP8_STORAGE else pack(y, int(tables.float_formats()[fmt]["bits"]))
+        if fmt in _FP8_STORAGE:
+            codes = codes.view(_FP8_STORAGE[fmt])
     desc = {
         "shape": list(x.shape), "dtype": dtype,
         "codes": codes_entry("codes", element, rank),

@@ -21,8 +21,10 @@ from .. import tables
 from ..qtensor import QTensor
 from .registry import Planned, register
 from ._common import (
-    check_bool, check_int, codes_entry, f32, fit_scale, flat_cells, map_chunks, nearest_of_two, pack, packed_shape, to_output, unflat,
+    check_bool, check_int, codes_entry, f32, fit_scale, flat_cells, map_chunks, nearest_of_two, packed_shape, to_output,
 )
+from . import _float_fast
+from ._float_fast import count_above, pack_codes, pack_pairs, packs_flat, row_amax
 
 _NESTED_BLOCK = 256
 
@@ -62,19 +64,10 @@ def _double_quant(absmax: np.ndarray, dtype: str) -> tuple[np.ndarray, dict[str,
     return decoded, nested, comps
 
 
-def _scaled(xb: np.ndarray, a: np.ndarray, tail: int) -> np.ndarray:
-    """x / absmax in binary32 exactly as bitsandbytes computes it, clamped to [-1, 1].
-
-    Whole blocks multiply by the binary32 reciprocal of max(absmax, 1e-38); a partial last
-    block divides.  A decoded absmax <= 0 (double quant of an all-zero block) keeps its sign,
-    so the codes still decode closest to x.
-    """
-    g = np.where(a >= 0, np.maximum(a, np.float32(1e-38)), np.minimum(a, np.float32(-1e-38)))[:, None]
-    with np.errstate(over="ignore"):
-        y = xb * (np.float32(1) / g)
-        if tail and len(xb):
-            y[-1] = xb[-1] / g[-1]
-    return np.clip(y, np.float32(-1), np.float32(1)).astype(np.float32)
+def _divisor(a32: np.ndarray) -> np.ndarray:
+    """bitsandbytes' divisor max(absmax, 1e-38) (binary32).  A decoded absmax <= 0 (double
+    quant of an all-zero block) keeps its sign, so the codes still decode closest to x."""
+    return np.where(a32 >= 0, np.maximum(a32, np.float32(1e-38)), np.minimum(a32, np.float32(-1e-38)))
 
 
 def plan(shape: tuple[int, ...], dtype: str, block_size: Any = 64, double_quant: Any = False) -> Planned:
@@ -111,35 +104,62 @@ def encode(x: np.ndarray, *, dtype: str, block_size: Any = 64, double_quant: Any
     bs = check_int("block_size", block_size, 1)
     dq = check_bool("double_quant", double_quant)
     table = tables.codebook_values("nf4")  # sorted ascending, code = index
-    bounds = ((table[:-1] + table[1:]) / np.float32(2)).astype(np.float32)
-    xb = flat_cells(x.astype(np.float32), bs)  # bitsandbytes quantizes the binary32 values
-    absmax = np.max(np.abs(xb), axis=1, initial=np.float32(0)).astype(np.float64)
+    bounds = tuple((table[:-1] + table[1:]) / np.float32(2))  # binary32 midpoints
+    flat = np.ascontiguousarray(x, np.float32).reshape(-1)  # bitsandbytes quantizes the binary32 values
+    full, tail = divmod(flat.size, bs)
+    xb = flat[: full * bs].reshape(full, bs)  # the whole blocks (a view); the partial one apart
+    xt = flat[full * bs:]
+    chunk = _float_fast.CHUNK_ELEMENTS
+    amax32 = np.empty(full + (tail > 0), np.float32)
+
+    def block_max(lo: int, hi: int) -> None:
+        amax32[lo:hi] = row_amax(xb[lo:hi])
+
+    map_chunks(block_max, full, bs, chunk)
+    if tail:
+        amax32[-1] = np.max(np.abs(xt))
+    absmax = amax32.astype(np.float64)
     desc: dict[str, Any] = {"shape": list(x.shape), "dtype": dtype,
                             "codes": codes_entry("codes", {"type": "codebook", "bits": 4, "table": "nf4"}, x.ndim)}
     if dq:
         a, nested, comps = _double_quant(absmax, dtype)
         desc["scale"] = {"blocks": {"type": "flat", "size": bs}, "op": "multiply", "encoded": nested}
     else:
-        a, comps = absmax, {"scale": absmax.astype(np.float32)}
+        a, comps = absmax, {"scale": amax32}
         desc["scale"] = {"blocks": {"type": "flat", "size": bs}, "op": "multiply", "tensor": "scale"}
-    a32, tail = a.astype(np.float32), x.size % bs
+    g = _divisor(a.astype(np.float32))
+    recip = np.float32(1) / g  # whole blocks multiply by it, as bitsandbytes does
     # |table| <= 1, so a block whose |absmax| stays finite in the logical dtype never decodes
-    # to Inf (rounding is monotone): only the others need the check below.
+    # to Inf (rounding is monotone): only the others need the check in emit.
     risky = ~np.isfinite(to_output(np.abs(a), dtype))
+    # Byte pairs never straddle a block or a row when both are even: pack chunk by chunk.
+    paired = bs % 2 == 0 and packs_flat(x.shape, 4)
+    per = bs // 2 if paired else bs  # bytes out per whole block
+    out = np.empty(full * per + (tail // 2 if paired else tail), np.uint8)
 
-    def part(lo: int, hi: int) -> np.ndarray:
-        # _scaled on rows lo:hi (the partial last block, if any, only in the last part).
-        y = _scaled(xb[lo:hi], a32[lo:hi], tail if hi == len(xb) else 0)
-        q = np.searchsorted(bounds, y, side="left").astype(np.int64)
+    def emit(y: np.ndarray, lo: int, hi: int) -> None:
+        """Codes of blocks lo:hi from y = x / absmax into ``out``.
+
+        Counting the binary32 midpoints below y is bitsandbytes' comparison with them (a value
+        on one takes the lower code); its clamp of y to [-1, 1] changes no count.  A code that
+        would decode to Inf in the logical dtype steps one towards zero (code 7)."""
+        q = count_above(y, bounds)
         r = risky[lo:hi]
-        if r.any():  # Never decode to Inf in the logical dtype: step such codes one towards zero (code 7).
+        if r.any():
             bad = ~np.isfinite(to_output(f32(table[q[r]] * a[lo:hi][r][:, None]), dtype))
-            qr = q[r]
+            qr = q[r].astype(np.int64)
             q[r] = np.where(bad, qr + np.sign(7 - qr), qr)
-        return q.astype(np.uint8)
+        packed = pack_pairs(q) if paired else q.reshape(-1)
+        out[lo * per:lo * per + packed.size] = packed
 
-    parts = map_chunks(part, len(xb), bs)
-    q = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    def part(lo: int, hi: int) -> None:
+        with np.errstate(over="ignore"):
+            emit(xb[lo:hi] * recip[lo:hi, None], lo, hi)
+
+    map_chunks(part, full, bs, chunk)
+    if tail:  # the partial last block divides (bitsandbytes' kernel does)
+        with np.errstate(over="ignore"):
+            emit(xt[None, :] / g[-1], full, full + 1)
     desc["scheme"] = "nf4"
-    comps["codes"] = pack(unflat(q, x.shape), 4)
+    comps["codes"] = out.reshape(x.shape[:-1] + (x.shape[-1] // 2,)) if paired else pack_codes(out, 4, x.shape)
     return QTensor(desc, comps)

@@ -18,6 +18,8 @@ from .registry import Planned, register
 from ._common import (
     F32_TINY, cast_codes, cells, codes_entry, f32, grid_array, grid_blocks, map_chunks, pack, packed_shape, resolve_sizes, round_float, uncells,
 )
+from . import _float_fast
+from ._float_fast import float_codes, pack_pairs, row_amax, tie_suspects
 
 BLOCK = 16
 _E4M3_MIN = 2.0**-9  # smallest positive E4M3 (a subnormal)
@@ -53,31 +55,66 @@ def plan(shape: tuple[int, ...], dtype: str) -> Planned:
     return desc, {"codes": ("U8", packed_shape(shape, 4)), "scale.codes": ("F8_E4M3", grid), "scale.scale": ("F32", ())}
 
 
+def _scales(bamax: np.ndarray, g: float) -> tuple[np.ndarray, np.ndarray]:
+    """(E4M3 block scales, decoded scales s = fp32(e4m3 * g)) of block maxima (float64 [n])."""
+    v = np.where(bamax > 0, np.clip(bamax / (6.0 * g), _E4M3_MIN, 448.0), 0.0)
+    e4 = round_float(v, "e4m3fn")
+    return e4, f32(e4 * g)  # the decoder's binary32 product (exact in float64, then one rounding)
+
+
+def _codes32(b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """E2M1 codes [n, 16] of binary32 blocks ``b`` / s (s [n]) as the exact quotient rounds:
+    the binary32 quotient rounds the same but on an E2M1 tie (see tie_suspects).  A block
+    whose decoded scale is 0 gets +0 codes."""
+    ok = s > 0
+    q = b / np.where(ok, s, 1.0).astype(np.float32)[:, None]
+    c = float_codes(q, "e2m1fn").reshape(-1)
+    idx = tie_suspects(q, 1)
+    if idx.size:
+        row, col = np.divmod(idx, b.shape[1])
+        with np.errstate(divide="ignore", invalid="ignore"):  # rows with s = 0 are set below
+            c[idx] = cast_codes(b[row, col].astype(np.float64) / s[row], "e2m1fn")
+    c = c.reshape(b.shape)
+    if not ok.all():
+        c[~ok] = 0
+    return c
+
+
 @register("nvfp4", plan)
 def encode(x: np.ndarray, *, dtype: str) -> QTensor:
     """NVFP4 (ModelOpt convention: the tensor scale multiplies)."""
     rank = x.ndim
     # float16 / bfloat16 values are exact in binary32 (the arithmetic below is float64).
-    xw = x.astype(np.float64 if x.dtype == np.float64 else np.float32)
-    g = global_scale(float(np.max(np.abs(xw), initial=0)))
+    xw = np.ascontiguousarray(x, np.float64 if x.dtype == np.float64 else np.float32)
+    g = global_scale(float(max(np.max(xw, initial=0), -np.min(xw, initial=0))))  # max |x|, no |x| array
     sizes: list[int | None] = [1] * (rank - 1) + [BLOCK] if rank else []
     xc = cells(xw, sizes) if rank else xw.reshape(1, 1)
     xb = xc.reshape(-1, xc.shape[-1])  # every cell axis but the last has extent 1
+    n = xb.shape[0]
+    # Without padding the codes of whole blocks are the packed stream's own order, so each
+    # chunk writes its bytes in place.
+    paired = rank > 0 and x.shape[-1] % BLOCK == 0
+    per = BLOCK // 2 if paired else xb.shape[1]  # bytes out per block
+    out = np.empty(n * per, np.uint8)
+    e4 = np.empty(n)
 
-    def blocks(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        b = xb[lo:hi].astype(np.float64)
-        bamax = np.max(np.abs(b), axis=1, keepdims=True, initial=0.0)
-        v = np.where(bamax > 0, np.clip(bamax / (6.0 * g), _E4M3_MIN, 448.0), 0.0)
-        e4 = round_float(v, "e4m3fn")
-        s = f32(e4 * g)  # the decoder's binary32 product (exact in float64, then one rounding)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            y = np.where(s > 0, b / np.where(s > 0, s, 1.0), 0.0)
-        return cast_codes(y, "e2m1fn"), e4[:, 0]
+    def blocks(lo: int, hi: int) -> None:
+        b = xb[lo:hi]
+        if b.dtype == np.float32:
+            e4[lo:hi], s = _scales(row_amax(b).astype(np.float64), g)
+            c = _codes32(b, s)
+        else:
+            e4[lo:hi], s = _scales(np.max(np.abs(b), axis=1, initial=0.0), g)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                y = np.where(s[:, None] > 0, b / np.where(s > 0, s, 1.0)[:, None], 0.0)
+            c = cast_codes(y, "e2m1fn")
+        out[lo * per:hi * per] = pack_pairs(c) if paired else c.reshape(-1)
 
-    parts = map_chunks(blocks, xb.shape[0], xb.shape[1])
-    cb = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-    e4 = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-    codes = uncells(cb.reshape(xc.shape), x.shape) if rank else cb.reshape(())
+    map_chunks(blocks, n, xb.shape[1], _float_fast.CHUNK_ELEMENTS)
+    if paired:
+        codes = out.reshape(x.shape[:-1] + (x.shape[-1] // 2,))
+    else:
+        codes = pack(uncells(out.reshape(xc.shape), x.shape) if rank else out.reshape(()), 4)
     e4 = grid_array(e4.reshape(xc.shape[:-1] + (1,))) if rank else e4.reshape(())
     grid = e4.shape
     nested = {
@@ -92,7 +129,7 @@ def encode(x: np.ndarray, *, dtype: str) -> QTensor:
         "scheme": "nvfp4",
     }
     comps = {
-        "codes": pack(codes, 4),
+        "codes": codes,
         "scale.codes": cast_codes(e4, "e4m3fn").view(ml_dtypes.float8_e4m3fn),
         "scale.scale": np.array(g, np.float32),
     }
