@@ -294,7 +294,9 @@ def _describe(out: Described, t: TensorInfo, raw: Callable[[], np.ndarray]) -> N
             dmin = f16(spec.dmin)
             params.append(dmin)
             desc["bias"] = {"blocks": _grid(r, spec.sub), "op": "subtract", "encoded": nested("bias", spec.mins, dmin)}
-    if not all(bool(np.isfinite(blocks().view("<u2")[:, off // 2].view("<f2")).all()) for off in offsets):
+    # finite float16 <=> exponent field not all ones: integer ops on the bits (NumPy's float16
+    # isfinite converts each value)
+    if not all(bool((np.bitwise_and(blocks().view("<u2")[:, off // 2], 0x7C00) != 0x7C00).all()) for off in offsets):
         # gguf-py decodes non-finite scales as IEEE arithmetic says; so does qformat, and the flag
         # keeps `qformat check` from reporting what the source itself holds.
         desc["allow_nonfinite_params"] = True
