@@ -138,11 +138,8 @@ def _to_bfloat16_bits(x: np.ndarray, dst: np.ndarray) -> None:
     faster here because it needs no float conversion loop."""
     x, dst = x.reshape(-1), dst.reshape(-1)  # views (both C-contiguous); rank 0 included
     u = x.view(np.uint32)
-    t = np.right_shift(u, 16)
-    np.bitwise_and(t, 1, out=t)
-    np.add(t, 0x7FFF, out=t)
-    np.add(t, u, out=t)
-    np.right_shift(t, 16, out=t)
+    t = _dt.rounded_bits(u, 16, np.empty_like(u))
+    np.right_shift(t, np.uint32(16), out=t)
     np.copyto(dst, t, casting="unsafe")
     nan = np.isnan(x)
     if nan.any():

@@ -51,3 +51,17 @@ def _by_numpy() -> dict[np.dtype, str]:
 def storage_name(dtype: np.dtype) -> str | None:
     """safetensors dtype name of a NumPy dtype, or None when safetensors has none."""
     return _by_numpy().get(np.dtype(dtype).newbyteorder("="))
+
+
+def rounded_bits(u: np.ndarray, shift: int, out: np.ndarray) -> np.ndarray:
+    """Binary32 bit patterns ``u`` (uint32) plus the round-half-to-even increment for dropping
+    their low ``shift`` bits, into ``out`` (uint32, u's shape): ``u + 2^(shift-1) - 1 + (bit
+    `shift` of u)`` (SPEC.md §10.3's formula, no carry leaves 32 bits for non-NaN values).
+    The kept bits of the result (``>> shift``, or with the low ones cleared) are the rounded
+    value: bfloat16 with shift 16, float16-precision binary32 with shift 13 where the result
+    is a normal float16 or zero."""
+    np.right_shift(u, np.uint32(shift), out=out)
+    np.bitwise_and(out, np.uint32(1), out=out)
+    np.add(out, np.uint32((1 << (shift - 1)) - 1), out=out)
+    np.add(out, u, out=out)
+    return out

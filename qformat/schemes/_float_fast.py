@@ -113,15 +113,6 @@ def tie_suspects(q: np.ndarray, m: int) -> np.ndarray:
 
 
 # -- packing ----------------------------------------------------------------------------------
-def pack_pairs(q: np.ndarray) -> np.ndarray:
-    """4-bit codes (uint8, even count) packed two to a byte, the first in the low nibble.
-
-    Reading two codes as one little-endian uint16 (q0 + 256 * q1) packs them with two
-    contiguous operations instead of strided ones."""
-    v = np.ascontiguousarray(q, np.uint8).reshape(-1).view(_LE16)
-    return (v | (v >> np.uint16(4))).astype(np.uint8)
-
-
 def pack_stream(q: np.ndarray, bits: int) -> np.ndarray:
     """Codes (uint8, flat) as one LSB-first bit stream of ``bits``-bit fields (uint8 bytes,
     ``len(q) * bits`` a multiple of 8): eight codes per little-endian uint64 word."""
@@ -129,7 +120,7 @@ def pack_stream(q: np.ndarray, bits: int) -> np.ndarray:
     if bits == 8:
         return q
     if bits == 4:
-        return pack_pairs(q)
+        return pack(q, 4)
     n = q.size
     if n % 8:
         q = np.concatenate([q, np.zeros(8 - n % 8, np.uint8)])
@@ -159,5 +150,5 @@ def whole_bytes(n: int, bits: int) -> bool:
     return (n * bits) % 8 == 0
 
 
-__all__ = ["CHUNK_ELEMENTS", "count_above", "float_codes", "pack_codes", "pack_pairs", "pack_stream", "packs_flat",
+__all__ = ["CHUNK_ELEMENTS", "count_above", "float_codes", "pack_codes", "pack_stream", "packs_flat",
            "row_amax", "tie_suspects", "whole_bytes"]

@@ -16,10 +16,10 @@ import numpy as np
 from ..qtensor import QTensor
 from .registry import Planned, register
 from ._common import (
-    bad_param, check_int, codes_entry, f32, fit_scale, flat_cells, map_chunks, np_dtype, packed_shape, to_output,
+    bad_param, check_int, codes_entry, f32, fit_scale, flat_cells, map_chunks, np_dtype, pack, packed_shape, to_output,
 )
 from . import _float_fast
-from ._float_fast import count_above, pack_codes, pack_pairs, packs_flat, row_amax
+from ._float_fast import count_above, pack_codes, packs_flat, row_amax
 
 
 def _table(values: Any) -> np.ndarray:
@@ -233,7 +233,7 @@ def encode(x: np.ndarray, *, dtype: str, values: Any = None, block_size: Any = 6
 
     def part(lo: int, hi: int) -> None:
         q = _codes(xb[lo:hi], s[lo:hi], amax[lo:hi], table, dtype)
-        out[lo * per:hi * per] = pack_pairs(q) if paired else q.reshape(-1)
+        out[lo * per:hi * per] = pack(q.reshape(-1), 4) if paired else q.reshape(-1)
 
     map_chunks(part, n, width, chunk)
     desc["scheme"] = "codebook"

@@ -31,7 +31,8 @@ from typing import Callable
 
 import numpy as np
 
-from ._common import best_int_codes, np_dtype
+from ..dtypes import rounded_bits
+from ._common import best_int_codes, np_dtype, pack
 
 #: Relative margin of a candidate over the best so far (see int_._MARGIN; the same value).
 MARGIN = 1e-4
@@ -43,21 +44,17 @@ _SHIFT = {"float16": 13, "bfloat16": 16}
 def round_bits(v: np.ndarray, dtype: str, tmp: np.ndarray) -> None:
     """Round float32 ``v`` in place to ``dtype`` (half to even), kept as binary32 values.
 
-    Integer arithmetic on the bits: add half a unit of the dropped bits (minus one unless the
-    kept lsb is odd), then clear them.  bfloat16 shares binary32's exponent, so this is exact
-    for every finite value (Inf on overflow); for float16 it is exact for zeros and values of
-    magnitude in [2^-14, 65504] (float16's normal range), which callers guarantee.  ``tmp``: a float32 scratch array of
+    Integer arithmetic on the bits (:func:`qformat.dtypes.rounded_bits`, then the dropped bits
+    cleared).  bfloat16 shares binary32's exponent, so this is exact for every finite value (Inf
+    on overflow); for float16 it is exact for zeros and values of magnitude in [2^-14, 65504]
+    (float16's normal range), which callers guarantee.  ``tmp``: a float32 scratch array of
     ``v``'s shape.
     """
     if dtype == "float32":
         return
     sh = _SHIFT[dtype]
-    b, t = v.view(np.uint32), tmp.view(np.uint32)
-    np.right_shift(b, np.uint32(sh), out=t)
-    np.bitwise_and(t, np.uint32(1), out=t)
-    np.add(t, np.uint32((1 << (sh - 1)) - 1), out=t)
-    np.add(b, t, out=b)
-    np.bitwise_and(b, np.uint32((0xFFFFFFFF << sh) & 0xFFFFFFFF), out=b)
+    b = v.view(np.uint32)
+    np.bitwise_and(rounded_bits(b, sh, tmp.view(np.uint32)), np.uint32((0xFFFFFFFF << sh) & 0xFFFFFFFF), out=b)
 
 
 def covered(x_dtype: np.dtype, scale_dtype: str, dtype: str) -> bool:
@@ -72,8 +69,7 @@ Reference = Callable[[np.ndarray, int, str, str], tuple[np.ndarray, np.ndarray, 
 def nibbles(q: np.ndarray) -> np.ndarray:
     """4-bit codes (int8 [n, g], g even) packed two to a byte along each row, low nibble first
     (the canonical packing of a row): uint8 [n, g / 2]."""
-    u = q.view(np.uint8) & np.uint8(15)
-    return u[:, 0::2] | (u[:, 1::2] << np.uint8(4))
+    return pack(q.view(np.uint8) & np.uint8(15), 4)
 
 
 def symmetric(x: np.ndarray, bits: int, scale_dtype: str, dtype: str, reference: Reference,

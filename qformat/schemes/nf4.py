@@ -21,10 +21,10 @@ from .. import tables
 from ..qtensor import QTensor
 from .registry import Planned, register
 from ._common import (
-    check_bool, check_int, codes_entry, f32, fit_scale, flat_cells, map_chunks, nearest_of_two, packed_shape, to_output,
+    check_bool, check_int, codes_entry, f32, fit_scale, flat_cells, map_chunks, nearest_of_two, pack, packed_shape, to_output,
 )
 from . import _float_fast
-from ._float_fast import count_above, pack_codes, pack_pairs, packs_flat, row_amax
+from ._float_fast import count_above, pack_codes, packs_flat, row_amax
 
 _NESTED_BLOCK = 256
 
@@ -149,7 +149,7 @@ def encode(x: np.ndarray, *, dtype: str, block_size: Any = 64, double_quant: Any
             bad = ~np.isfinite(to_output(f32(table[q[r]] * a[lo:hi][r][:, None]), dtype))
             qr = q[r].astype(np.int64)
             q[r] = np.where(bad, qr + np.sign(7 - qr), qr)
-        packed = pack_pairs(q) if paired else q.reshape(-1)
+        packed = pack(q.reshape(-1), 4) if paired else q.reshape(-1)
         out[lo * per:lo * per + packed.size] = packed
 
     def part(lo: int, hi: int) -> None:
