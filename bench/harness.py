@@ -541,7 +541,7 @@ def bench_scaling(run: Run, sizes_mb: list[int]) -> None:
 # -- whole checkpoints (issue 11, item 7) --------------------------------------------------------
 CKPT_CHILD = r"""
 import json, sys, time
-import qformat.cli, qformat.convert, qformat.check, qformat.checkpoint_quantize, qformat.checkpoint_dequantize
+import qformat.cli, qformat.convert, qformat.check, qformat.checkpoint.quantize, qformat.checkpoint.dequantize
 def hwm():  # this process's peak resident set (VmHWM); reset before each command
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
 for args in json.loads(sys.argv[1]):

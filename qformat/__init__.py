@@ -49,16 +49,16 @@ def quantize(array, scheme: str, **params) -> QTensor:  # type: ignore[no-untype
 
 def quantize_checkpoint(src, dst, scheme=None, recipe=None, **kwargs):  # type: ignore[no-untyped-def]
     """Quantize a plain checkpoint into a qformat checkpoint, streaming (``qformat quantize``;
-    see :func:`qformat.checkpoint_quantize.quantize_checkpoint`)."""
-    from .checkpoint_quantize import quantize_checkpoint as _q
+    see :func:`qformat.checkpoint.quantize.quantize_checkpoint`)."""
+    from .checkpoint.quantize import quantize_checkpoint as _q
 
     return _q(src, dst, scheme=scheme, recipe=recipe, **kwargs)
 
 
 def dequantize_checkpoint(src, dst, dtype=None, **kwargs):  # type: ignore[no-untyped-def]
     """Decode a qformat checkpoint into a plain safetensors checkpoint, streaming (``qformat
-    dequantize``; see :func:`qformat.checkpoint_dequantize.dequantize_checkpoint`)."""
-    from .checkpoint_dequantize import dequantize_checkpoint as _d
+    dequantize``; see :func:`qformat.checkpoint.dequantize.dequantize_checkpoint`)."""
+    from .checkpoint.dequantize import dequantize_checkpoint as _d
 
     return _d(src, dst, dtype=dtype, **kwargs)
 

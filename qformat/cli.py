@@ -243,8 +243,8 @@ def _run_job(args: argparse.Namespace, job) -> int:  # type: ignore[no-untyped-d
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from .checkpoint_output import stderr_notice
-    from .checkpoint_quantize import quantize_checkpoint
+    from .checkpoint.output import stderr_notice
+    from .checkpoint.quantize import quantize_checkpoint
 
     params: dict[str, object] = {}
     for key, value in (("bits", args.bits), ("scale_dtype", args.scale_dtype), ("granularity", args.granularity), ("dtype", args.dtype)):
@@ -279,8 +279,8 @@ def _quantize(args: argparse.Namespace) -> int:
 
 
 def _dequantize(args: argparse.Namespace) -> int:
-    from .checkpoint_output import stderr_notice
-    from .checkpoint_dequantize import dequantize_checkpoint
+    from .checkpoint.output import stderr_notice
+    from .checkpoint.dequantize import dequantize_checkpoint
 
     def job() -> int:
         s = dequantize_checkpoint(args.src, args.dst, dtype=args.dtype, overwrite=args.overwrite,

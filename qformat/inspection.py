@@ -56,7 +56,7 @@ class Opened:
 
     def __init__(self, path: str | os.PathLike[str], from_format: str | None = None):
         from . import convert as cv
-        from .convert.base import Checkpoint
+        from .checkpoint.source import Checkpoint
 
         self.path = os.fspath(path)
         if os.path.isfile(self.path) and self.path.endswith(".json") and not self.path.endswith(".safetensors.index.json"):

@@ -6,7 +6,7 @@ stored components as :class:`Component` s, each a :class:`~qformat.container.Ten
 plus a callable producing the array when asked.  A :class:`Transform` maps an item to an
 :class:`Output`: the output descriptor and output components, again specs plus producers, so
 every file's header can be planned before any byte is produced.  :func:`run` applies one
-transform per item and hands the outputs to :func:`qformat.checkpoint_writer.write_checkpoint`,
+transform per item and hands the outputs to :func:`qformat.checkpoint.writer.write_checkpoint`,
 which produces and writes one tensor at a time.
 
 A new whole-checkpoint operation (quantize, dequantize, export) is one small Transform
@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from .checkpoint_writer import IndexSpec, OutFile, OutTensor, write_checkpoint
+from .checkpoint.writer import IndexSpec, OutFile, OutTensor, write_checkpoint
 from .container import TensorSpec
 from .errors import error
 from .sources import Source, TensorInfo
@@ -32,7 +32,7 @@ from .sources import Source, TensorInfo
 @dataclass(frozen=True)
 class Component(OutTensor):
     """A stored tensor known by name, dtype and shape before its bytes exist: the writer's
-    :class:`~qformat.checkpoint_writer.OutTensor` (spec, producer, optional ``copy_from``: where
+    :class:`~qformat.checkpoint.writer.OutTensor` (spec, producer, optional ``copy_from``: where
     its bytes already sit unchanged in a file, copied file to file), seen as a source's tensor."""
 
     @property
@@ -154,7 +154,7 @@ def run(plan_: Plan, dst: str | os.PathLike[str], metadata: Callable[[str, dict[
         as_folder: bool, overwrite: bool = False, side_files: Iterable[str] = (), index: IndexSpec | None = None,
         verify: Callable[[str], None] | None = None, release: Callable[[], None] | None = None,
         file_done: Callable[[str, int], None] | None = None) -> list[str]:
-    """Write a :class:`Plan` with :func:`~qformat.checkpoint_writer.write_checkpoint`.
+    """Write a :class:`Plan` with :func:`~qformat.checkpoint.writer.write_checkpoint`.
 
     ``metadata(file, descriptors)`` gives each file's ``__metadata__``; ``release()`` runs
     after each tensor body is written (a memory-mapped source drops its resident pages there,

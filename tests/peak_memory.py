@@ -31,7 +31,7 @@ if args:
     if rc:
         raise SystemExit(rc)
 else:
-    import numpy, qformat, qformat.convert, qformat.check, qformat.checkpoint_quantize, qformat.checkpoint_dequantize, qformat.schemes
+    import numpy, qformat, qformat.convert, qformat.check, qformat.checkpoint.quantize, qformat.checkpoint.dequantize, qformat.schemes
 with open("/proc/self/status") as f:
     print(next(line for line in f if line.startswith("VmHWM:")).split()[1])
 """

@@ -20,7 +20,7 @@ import pytest
 
 import qformat
 from qformat.cli import main
-from qformat.convert.base import Checkpoint
+from qformat.checkpoint.source import Checkpoint
 from qformat.inspection import FORMAT_VERSION, inspect_checkpoint
 from qformat.sources import FileSource
 

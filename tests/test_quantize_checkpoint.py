@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import qformat
-from qformat import checkpoint_writer
+from qformat.checkpoint import writer as checkpoint_writer
 from qformat.container import read_header, write_file
 from qformat.errors import QFormatError
 from qformat.recipe import Recipe, default_selected

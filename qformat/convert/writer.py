@@ -18,7 +18,7 @@ from typing import Any, Iterator, TextIO
 
 import numpy as np
 
-from .. import checkpoint_writer
+from ..checkpoint import writer as checkpoint_writer
 from ..check import check_file
 from ..descriptor import parse_descriptor
 from ..validate import validate_descriptor

@@ -30,7 +30,8 @@ def open_source(src: str | os.PathLike[str]) -> tuple[Any, Any]:
     """(checkpoint, what it describes) for any source qformat reads: a qformat checkpoint
     through its descriptors, another format through its converter, a plain one as is."""
     from ..convert import detect
-    from ..convert.base import Checkpoint, Described
+    from ..checkpoint.source import Checkpoint
+    from ..convert.base import Described
 
     ck = Checkpoint(src)
     try:

@@ -791,8 +791,8 @@ class GGUF(Target):
         return "int", {"bits": bits, "group_size": 32, "symmetric": True, "scale_dtype": "float16"}
 
     def write(self, dst: str, plan: ExportPlan, ctx: Context) -> list[str]:
-        from .. import checkpoint_output as out_
-        from ..checkpoint_writer import check_destination
+        from ..checkpoint import output as out_
+        from ..checkpoint.writer import check_destination
 
         check_destination(dst, False, bool(ctx.options.get("overwrite")))
         model = self.model(ctx)

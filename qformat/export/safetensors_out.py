@@ -1,7 +1,7 @@
 """Writing a safetensors target (compressed-tensors, MLX, bitsandbytes): the source's
 sharding and side files, a rewritten config.json, one tensor group at a time, atomically.
 
-Each exported tensor's target arrays are one :class:`~qformat.checkpoint_writer.OutGroup`
+Each exported tensor's target arrays are one :class:`~qformat.checkpoint.writer.OutGroup`
 (built and verified once, written at their planned offsets, dropped), so memory holds one
 source tensor's work at a time.  File names follow the source: a single file stays a single
 file (``dst`` is then a file); a folder or sharded source gives a folder with the same file
@@ -18,9 +18,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .. import checkpoint_output as out_
-from .. import checkpoint_writer
-from ..checkpoint_writer import OutFile, OutGroup, OutTensor
+from ..checkpoint import output as out_
+from ..checkpoint import writer as checkpoint_writer
+from ..checkpoint.writer import OutFile, OutGroup, OutTensor
 from ..errors import error
 from .base import Context, ExportPlan
 

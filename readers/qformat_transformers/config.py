@@ -63,7 +63,7 @@ class QFormatConfig(QuantizationConfigMixin):
     def build_recipe(self) -> Any:
         """The :class:`qformat.recipe.Recipe` of ``scheme``/``params``/``recipe`` (as ``qformat
         quantize`` resolves them; QUANTIZE_RECIPE_INVALID, SCHEME_UNKNOWN, ENCODE_PARAM_INVALID)."""
-        from qformat.checkpoint_quantize import resolve_recipe
+        from qformat.checkpoint.quantize import resolve_recipe
         from qformat.recipe import Recipe
 
         recipe = self.recipe

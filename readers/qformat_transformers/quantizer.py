@@ -262,7 +262,7 @@ class QFormatHfQuantizer(HfQuantizer):
         return out
 
     def get_state_dict_and_metadata(self, model: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        from qformat.checkpoint_output import file_metadata
+        from qformat.checkpoint.output import file_metadata
         from qformat_torch.nn import QLinear
 
         sd = model.state_dict()
@@ -385,7 +385,7 @@ class QFormatHfQuantizer(HfQuantizer):
 
     # -- quantizing on load --------------------------------------------------------------------
     def _plan_quantize(self, model: nn.Module, files: list[str]) -> None:
-        from qformat.checkpoint_quantize import verify_choices, logical_dtype
+        from qformat.checkpoint.quantize import verify_choices, logical_dtype
         from qformat.io import SafeOpen
         from qformat.recipe import decide
         from qformat.sources import TensorInfo
@@ -500,7 +500,7 @@ def save_pretrained(self: Any, save_directory: Any, *args: Any, **kwargs: Any) -
     opts.update(opts.pop("kwargs", {}) or {})
     quantizer = getattr(self, "hf_quantizer", None)
     if opts.get("push_to_hub") and quantizer is not None:
-        from qformat.checkpoint_output import parse_size
+        from qformat.checkpoint.output import parse_size
 
         sd, _ = quantizer.get_state_dict_and_metadata(self)
         total = sum(t.numel() * t.element_size() for t in sd.values())
@@ -525,7 +525,7 @@ def reshard(index_path: str, descriptors: dict[str, Any]) -> None:
     from safetensors import safe_open as st_open
     from safetensors.torch import save_file as st_save
 
-    from qformat.checkpoint_output import file_metadata
+    from qformat.checkpoint.output import file_metadata
     from qformat.descriptor import parse_descriptor
 
     folder = os.path.dirname(index_path)

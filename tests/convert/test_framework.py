@@ -164,7 +164,7 @@ def test_destination_rules(tmp_path):
 
 def test_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     folder, _ = _sharded(tmp_path)
-    from qformat import checkpoint_writer as writer
+    from qformat.checkpoint import writer
 
     calls = []
     real = writer.write_planned
@@ -186,7 +186,7 @@ def test_every_file_is_synced_before_the_rename_and_a_sync_error_fails_the_write
     """Files are flushed by a background thread while the next is written; the folder appears
     only after every flush returned, and a failed flush is the write's error (nothing left)."""
     folder, _ = _sharded(tmp_path)
-    from qformat import checkpoint_writer as writer
+    from qformat.checkpoint import writer
 
     synced: list[str] = []
     real = writer.fsync_path

@@ -11,9 +11,9 @@ import re
 import sys
 from typing import Any, Callable, Iterable, TextIO
 
-from .checkpoint_writer import DESTINATION_ERROR, IndexSpec
-from .errors import error
-from .model import METADATA_KEY
+from .writer import DESTINATION_ERROR, IndexSpec
+from ..errors import error
+from ..model import METADATA_KEY
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -85,7 +85,7 @@ def config_bytes(config: Any, quantization_config: dict[str, Any] | None) -> byt
 
 def file_metadata(base: dict[str, str] | None, descriptors: dict[str, Any]) -> dict[str, str] | None:
     """A file's ``__metadata__``: the source's members without qformat's, plus the descriptors."""
-    from .model import required_version
+    from ..model import required_version
 
     meta = {k: v for k, v in (base or {}).items() if k != METADATA_KEY}
     if descriptors:

@@ -17,13 +17,14 @@ from typing import Any, Callable, Mapping, TextIO
 
 import numpy as np
 
-from . import checkpoint_output as out_
-from . import checkpoint_writer, schemes
-from .checkpoint_writer import OutFile, OutGroup, OutTensor
-from .container import TensorSpec
-from .errors import QFormatError, error
-from .qtensor import rename_references
-from .recipe import Choice, Decision, Recipe, choice as make_choice, decide, recipe_error
+from . import output as out_
+from . import writer as checkpoint_writer
+from .. import schemes
+from .writer import OutFile, OutGroup, OutTensor
+from ..container import TensorSpec
+from ..errors import QFormatError, error
+from ..qtensor import rename_references
+from ..recipe import Choice, Decision, Recipe, choice as make_choice, decide, recipe_error
 
 SOURCE_ERROR = "QUANTIZE_SOURCE_QUANTIZED"
 
@@ -61,7 +62,7 @@ class QuantizeSummary:
 def open_plain_source(src: str | os.PathLike[str]) -> Any:
     """The source as a :class:`qformat.convert.base.Checkpoint`, refusing one that holds
     quantized tensors (QUANTIZE_SOURCE_QUANTIZED, pointing to ``qformat convert``)."""
-    from .convert.base import Checkpoint
+    from .source import Checkpoint
 
     ck = Checkpoint(src)
     fmt = quantized_format(ck)
@@ -74,7 +75,7 @@ def open_plain_source(src: str | os.PathLike[str]) -> Any:
 def quantized_format(ck: Any) -> str | None:
     """The quantized format a source is in (a ``qformat convert`` id, or the config's
     ``quant_method``), or None for a plain checkpoint."""
-    from .convert.registry import REGISTRY
+    from ..convert.registry import REGISTRY
 
     if ck.kind != "safetensors":
         return ck.kind
@@ -156,7 +157,7 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     rule; ``recipe`` (a TOML path, a :class:`~qformat.recipe.Recipe` or its dict) adds ordered
     rules.  Nothing is written unless everything succeeds.
     """
-    from .convert.writer import verify_output
+    from ..convert.writer import verify_output
 
     ck = open_plain_source(src)
     rec = resolve_recipe(scheme, recipe, params)
@@ -225,7 +226,7 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     side: list[str] = []
     if as_folder:
         side = out_.side_files(ck.folder, {"config.json"}) if os.path.isdir(ck.path) or ck.sharded else []
-        from .model import required_version
+        from ..model import required_version
 
         alld = {k: v for d in descs.values() for k, v in d.items()}
         qc = {"quant_method": "qformat", "spec_version": required_version(alld) if alld else "1.0", **rec.to_dict()}
@@ -269,7 +270,7 @@ def _quantized_unit(ck: Any, name: str, info: Any, c: Choice, taken: set[str]) -
         specs.append(TensorSpec(n, st, shape))
 
     def produce() -> dict[str, np.ndarray]:
-        from .schemes import quantize
+        from ..schemes import quantize
 
         q = quantize(ck.array(name), c.scheme, dtype=dtype, **c.params)
         q = q.renamed(rename)

@@ -29,10 +29,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from . import container
-from .atomic import atomic_write, default_mode, fsync_path
-from .container import FilePlan, TensorSpec, plan_file
-from .errors import error
+from .. import container
+from ..atomic import atomic_write, default_mode, fsync_path
+from ..container import FilePlan, TensorSpec, plan_file
+from ..errors import error
 
 #: Prefix of the temporary folder a checkpoint is written into, beside the destination.
 TEMP_PREFIX = ".qformat-convert-"
@@ -305,7 +305,7 @@ def _write_index(path: str, files: list[OutFile], plans: list[FilePlan], spec: I
 
 def arrays_file(name: str, arrays: Mapping[str, np.ndarray], metadata: dict[str, str] | None) -> OutFile:
     """An :class:`OutFile` over arrays already in memory (storage dtypes)."""
-    from . import dtypes as _dt
+    from .. import dtypes as _dt
 
     out = OutFile(name, metadata)
     for n, a in arrays.items():

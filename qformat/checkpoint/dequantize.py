@@ -17,12 +17,12 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
-from . import checkpoint_output as out_
-from . import checkpoint_writer
-from . import dtypes as _dt
-from .checkpoint_writer import OutFile, OutTensor
-from .container import TensorSpec
-from .errors import error
+from . import output as out_
+from . import writer as checkpoint_writer
+from .. import dtypes as _dt
+from .writer import OutFile, OutTensor
+from ..container import TensorSpec
+from ..errors import error
 
 _STORAGE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
@@ -45,10 +45,11 @@ def dequantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[st
     """Decode every quantized tensor of ``src`` into a plain checkpoint at ``dst`` (a folder for
     a folder or sharded source, else a file).  ``dtype`` (float32, float16, bfloat16) casts the
     decoded tensors; default each one's logical dtype.  Plain tensors are copied unchanged."""
-    from .convert.base import Checkpoint, Described
-    from .convert.qformat_ import QFormatSource
-    from .convert.writer import CombinedSource, items
-    from .decode import decode_full
+    from .source import Checkpoint
+    from ..convert.base import Described
+    from ..convert.qformat_ import QFormatSource
+    from ..convert.writer import CombinedSource, items
+    from ..decode import decode_full
 
     if dtype is not None and dtype not in _STORAGE:
         raise error("ENCODE_PARAM_INVALID", f"dtype must be one of {', '.join(_STORAGE)}, found {dtype!r}", field="dtype")
@@ -108,7 +109,7 @@ def _info(ck: Any, name: str) -> tuple[str, tuple[int, ...]]:
 
 def _verify_plain(path: str) -> None:
     """A written file must be a plain safetensors file qformat check accepts."""
-    from .check import check_file
+    from ..check import check_file
 
     rep = check_file(path, payload=False)
     if not rep.ok:

@@ -12,11 +12,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from .container import Header, read_header
-from .errors import error, raise_first
-from .index import is_index, mismatches, read_index
-from .model import FileModel, interpret
-from .sources import FileSource
+from ..container import Header, read_header
+from ..errors import error, raise_first
+from ..index import is_index, mismatches, read_index
+from ..model import FileModel, interpret
+from ..sources import FileSource
 
 @dataclass(frozen=True)
 class Shard:

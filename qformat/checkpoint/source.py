@@ -1,0 +1,253 @@
+"""The core's checkpoint abstraction: a source checkpoint read tensor by tensor.
+
+:class:`Checkpoint` is what every whole-checkpoint command reads through (quantize,
+dequantize, convert, export, inspect, diff): one safetensors file, a folder of them, a sharded
+index, or a GGUF file, with its side files (config.json and the rest).  Tensors are
+memory-mapped, never copied, and :meth:`Checkpoint.release` drops their resident pages so that
+a pass over the checkpoint holds one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..container import Header, TensorSpec, read_header, strict_json
+from ..errors import QFormatError, error
+from ..model import METADATA_KEY
+from ..pipeline import Component
+from ..sources import FileSource, TensorInfo
+
+
+#: Side files (config.json, quanto_qmap.json, index files) larger than this are refused.
+MAX_SIDE_JSON_BYTES = 64 << 20
+
+
+def source_error(message: str, tensor: str | None = None, field: str | None = None) -> QFormatError:
+    """A ``CONVERT_SOURCE_INVALID`` error: the source breaks a rule of its own format."""
+    return error("CONVERT_SOURCE_INVALID", message, tensor=tensor, field=field)
+
+
+def parse_json_text(text: str, what: str, tensor: str | None = None, field: str | None = None) -> Any:
+    """Strictly parse JSON text from a side file, a tensor or a metadata string (never eval):
+    exactly one value, no repeated member names, no NaN/Infinity, bounded depth; else
+    ``CONVERT_SOURCE_INVALID`` naming ``what``."""
+    from ..container import _Dup
+
+    try:
+        value, end = strict_json(text)
+    except _Dup as e:
+        raise source_error(f"{what} repeats the member name {e.key!r}", tensor=tensor, field=field) from None
+    except (ValueError, RecursionError) as e:
+        raise source_error(f"{what} is not valid JSON: {e}", tensor=tensor, field=field) from None
+    if text[end:].strip(" \t\r\n"):
+        raise source_error(f"{what} has text after its JSON value", tensor=tensor, field=field)
+    return value
+
+
+def read_json_file(path: str) -> Any:
+    """Strictly parse a JSON side file (size-bounded; see :func:`parse_json_text`)."""
+    name = os.path.basename(path)
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_SIDE_JSON_BYTES:
+            raise source_error(f"{name} is {size} bytes, more than the {MAX_SIDE_JSON_BYTES} allowed for a side file")
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise source_error(f"cannot read {name} as UTF-8 text: {e}") from None
+    return parse_json_text(text.lstrip("\ufeff \t\r\n"), name)
+
+
+class Checkpoint:
+    """A source checkpoint: one safetensors file, a folder of them, a sharded index, or a GGUF file.
+
+    For safetensors sources every stored tensor of every file is reachable by name
+    (:meth:`info`, :meth:`array`, :meth:`file_of`), memory-mapped and never copied;
+    ``config`` is the folder's ``config.json`` (or None) and :meth:`side_json` reads other
+    JSON files beside the weights (``quanto_qmap.json``).  Names are unique across files.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = os.path.abspath(os.fspath(path))
+        self.kind = "safetensors"
+        self.folder: str
+        self.files: list[str] = []  # safetensors file names, relative to folder
+        self.index: dict[str, Any] | None = None  # the parsed index.json, for sharded sources
+        self.index_name: str | None = None
+        if os.path.isdir(self.path):
+            self.folder = self.path
+            idx = sorted(n for n in os.listdir(self.path) if n.endswith(".safetensors.index.json"))
+            if idx:
+                self._read_index(idx[0])
+            else:
+                self.files = sorted(n for n in os.listdir(self.path) if n.endswith(".safetensors"))
+                if not self.files:
+                    gg = sorted(n for n in os.listdir(self.path) if n.endswith(".gguf"))
+                    if len(gg) == 1:
+                        self.kind = "gguf"
+                        self.files = gg
+                    else:
+                        raise error("CONVERT_FORMAT_UNKNOWN", f"{self.path} holds no .safetensors, index or single .gguf file")
+        elif os.path.isfile(self.path):
+            self.folder = os.path.dirname(self.path)
+            base = os.path.basename(self.path)
+            if base.endswith(".safetensors.index.json"):
+                self._read_index(base)
+            elif base.endswith(".gguf") or _is_gguf(self.path):
+                self.kind = "gguf"
+                self.files = [base]
+            else:
+                self.files = [base]
+        else:
+            raise error("FILE_UNREADABLE", f"{self.path} does not exist")
+        self._headers: dict[str, Header] = {}
+        self._sources: dict[str, FileSource] = {}
+        self._maps: list[mmap.mmap] = []  # other memory maps of the source (GGUF), see release()
+        self._where: dict[str, str] = {}
+        self._config: Any = None
+        self._config_read = False
+        if self.kind == "safetensors":
+            for f in self.files:
+                # other ecosystems' files: null metadata is what the safetensors library reads
+                h = read_header(os.path.join(self.folder, f), null_metadata_ok=True)
+                self._headers[f] = h
+                for name in h.entries:
+                    if name in self._where:
+                        raise source_error(f"tensor {name!r} is stored in both {self._where[name]} and {f}", tensor=name)
+                    self._where[name] = f
+
+    def _read_index(self, name: str) -> None:
+        idx = read_json_file(os.path.join(self.folder, name))
+        wm = idx.get("weight_map") if isinstance(idx, dict) else None
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            raise source_error(f"{name} has no weight_map object of tensor name -> file name")
+        files = sorted(set(wm.values()))
+        for f in files:
+            if f in ("", ".", "..") or "/" in f or "\\" in f or os.path.isabs(f):
+                raise source_error(f"{name} names shard {f!r}, which is not a plain file name in the index's folder")
+            if not os.path.isfile(os.path.join(self.folder, f)):
+                raise source_error(f"{name} names shard {f!r}, which does not exist")
+        self.index, self.index_name, self.files = idx, name, files
+
+    # -- tensors --------------------------------------------------------------------------
+    @property
+    def sharded(self) -> bool:
+        return self.index is not None
+
+    def names(self) -> list[str]:
+        """Every stored tensor, in file order then offset order."""
+        out = []
+        for f in self.files:
+            h = self._headers.get(f)
+            if h is not None:
+                out += [e.name for e in sorted(h.entries.values(), key=lambda e: e.begin)]
+        return out
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    def info(self, name: str) -> TensorInfo | None:
+        f = self._where.get(name)
+        if f is None:
+            return None
+        e = self._headers[f].entries[name]
+        return TensorInfo(e.dtype, e.shape)
+
+    def file_of(self, name: str) -> str:
+        return self._where[name]
+
+    def array(self, name: str) -> np.ndarray:
+        """The stored tensor viewed (memory-mapped) in its storage dtype."""
+        f = self._where.get(name)
+        if f is None:
+            raise source_error(f"tensor {name!r} is not in the checkpoint", tensor=name)
+        src = self._sources.get(f)
+        if src is None:
+            src = self._sources[f] = FileSource(os.path.join(self.folder, f), self._headers[f])
+        return src.array(name)
+
+    def component(self, name: str) -> Component:
+        """The stored tensor as a pipeline component (spec now, memory-mapped array when produced)."""
+        i = self.info(name)
+        if i is None:
+            raise source_error(f"tensor {name!r} is not in the checkpoint", tensor=name)
+        f = self._where[name]
+        h = self._headers[f]
+        where = (os.path.join(self.folder, f), h.data_start + h.entries[name].begin)
+        return Component(TensorSpec(name, i.dtype, tuple(i.shape)), lambda: self.array(name), where)
+
+    def track(self, mm: mmap.mmap) -> None:
+        """Have :meth:`release` drop the resident pages of another memory map of the source."""
+        self._maps.append(mm)
+
+    def release(self) -> None:
+        """Drop the resident pages of every memory map of the source (they are read again from
+        the page cache or disk when touched): reading a checkpoint tensor by tensor then keeps
+        the process's resident memory bounded instead of growing to the checkpoint's size."""
+        for mm in [getattr(s, "_mm", None) for s in self._sources.values()] + self._maps:
+            drop_pages(mm)
+
+    def metadata(self, file: str) -> dict[str, str]:
+        return dict(self._headers[file].metadata or {})
+
+    def require(self, name: str, dtypes: Iterable[str] | None = None, rank: int | None = None) -> TensorInfo:
+        """The tensor's info, or ``CONVERT_SOURCE_INVALID`` naming what was expected."""
+        i = self.info(name)
+        if i is None:
+            raise source_error(f"expected a tensor {name!r}, found none", tensor=name)
+        allowed = list(dtypes) if dtypes is not None else None
+        if allowed is not None and i.dtype not in allowed:
+            raise source_error(f"dtype is {i.dtype}, expected one of {', '.join(allowed)}", tensor=name)
+        if rank is not None and len(i.shape) != rank:
+            raise source_error(f"shape is {list(i.shape)}, expected rank {rank}", tensor=name)
+        return i
+
+    # -- side files -----------------------------------------------------------------------
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """config.json of the source folder (None when absent)."""
+        if not self._config_read:
+            self._config = self.side_json("config.json")
+            self._config_read = True
+        return self._config
+
+    def side_json(self, name: str) -> Any:
+        p = os.path.join(self.folder, name)
+        return read_json_file(p) if os.path.isfile(p) else None
+
+    def quantization_config(self) -> dict[str, Any] | None:
+        """config.json's ``quantization_config`` (or a ``quantize_config.json`` / ``quant_config.json``)."""
+        cfg = self.config
+        if isinstance(cfg, dict) and isinstance(cfg.get("quantization_config"), dict):
+            return cfg["quantization_config"]
+        for side in ("quantize_config.json", "quant_config.json"):
+            v = self.side_json(side)
+            if isinstance(v, dict):
+                return v
+        return None
+
+    def has_qformat(self) -> bool:
+        return any(METADATA_KEY in (h.metadata or {}) for h in self._headers.values())
+
+
+def drop_pages(mm: mmap.mmap | None) -> None:
+    """``madvise(MADV_DONTNEED)`` over a read-only file map (a no-op where unsupported)."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if mm is None or advice is None or getattr(mm, "closed", False):
+        return
+    try:
+        mm.madvise(advice)
+    except (OSError, ValueError):
+        pass
+
+
+def _is_gguf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
