@@ -24,15 +24,13 @@ memory is the packed model plus one layer, not the pages of every weight read so
 its components under ``<module>.weight.<component>`` (what ``qformat quantize`` writes) and the
 descriptors in the file's ``__metadata__``.  transformers writes that one ``__metadata__`` into
 every shard of a sharded save, so a model loaded through qformat gets its own ``save_pretrained``
-(:func:`save_pretrained`), which rewrites a sharded save into shards that are each complete
+(:func:`qformat_transformers.saving.save_pretrained`), which rewrites a sharded save into shards that are each complete
 qformat files (SPEC §14), and refuses a sharded ``push_to_hub`` before writing.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-import os
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,6 +256,8 @@ class QFormatHfQuantizer(HfQuantizer):
         else:
             self._finish_quantize(model)
         # save_pretrained writes one __metadata__ into every shard; ours splits it per shard
+        from .saving import save_pretrained
+
         model.save_pretrained = types.MethodType(save_pretrained, model)
         return out
 
@@ -467,112 +467,3 @@ class QFormatHfQuantizer(HfQuantizer):
             from qformat.model import required_version
 
             self.quantization_config.spec_version = required_version(self.descriptors)
-
-
-# -- save_pretrained, sharded ------------------------------------------------------------------
-def _add_variant(name: str, variant: str | None) -> str:
-    """transformers' file naming of a variant: ``model.safetensors.index.json`` ->
-    ``model.safetensors.index.<variant>.json``."""
-    if not variant:
-        return name
-    head, _, ext = name.rpartition(".")
-    return f"{head}.{variant}.{ext}"
-
-
-def save_pretrained(self: Any, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
-    """``model.save_pretrained`` of a model loaded through qformat (bound to the instance by
-    :meth:`QFormatHfQuantizer.postprocess_model`).
-
-    transformers writes the same ``__metadata__`` (the quantizer's) into every shard of a
-    sharded save, so each shard would describe logical tensors whose components it does not
-    hold, and a logical tensor's components may land in different shards.  This runs
-    transformers' save_pretrained, then, for a sharded save, rewrites the shards as qformat
-    requires (SPEC §14): each logical tensor's components in one shard (the shard of its
-    first component), each shard's qformat object with the descriptors of exactly the logical
-    tensors it holds, and the index listing every stored tensor and logical name with its
-    shard.  One shard is held in memory at a time.  ``push_to_hub`` with a save that shards is
-    refused before anything is written (the upload would happen before the repair).
-    """
-    cls_save = type(self).save_pretrained
-    bound = inspect.signature(cls_save).bind(self, save_directory, *args, **kwargs)
-    bound.apply_defaults()
-    opts = dict(bound.arguments)
-    opts.update(opts.pop("kwargs", {}) or {})
-    quantizer = getattr(self, "hf_quantizer", None)
-    if opts.get("push_to_hub") and quantizer is not None:
-        from qformat.checkpoint.output import parse_size
-
-        sd, _ = quantizer.get_state_dict_and_metadata(self)
-        total = sum(t.numel() * t.element_size() for t in sd.values())
-        if total > parse_size(opts.get("max_shard_size") or "50GB"):
-            raise error("SAVE_INVALID", "save_pretrained(push_to_hub=True) of a qformat model that is split into shards is "
-                                        "not supported: save it to a folder, then upload the folder with huggingface_hub")
-    out = cls_save(self, save_directory, *args, **kwargs)
-    if quantizer is not None and os.path.isdir(save_directory):
-        from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
-
-        index = os.path.join(os.fspath(save_directory), _add_variant(SAFE_WEIGHTS_INDEX_NAME, opts.get("variant")))
-        descs = getattr(quantizer, "saved_descriptors", None) or {}
-        if os.path.isfile(index) and descs:
-            reshard(index, descs)
-    return out
-
-
-def reshard(index_path: str, descriptors: dict[str, Any]) -> None:
-    """Rewrite the shards of a sharded save so that each is a complete qformat file (see
-    :func:`save_pretrained`).  Every new shard is written to a temporary file first and all
-    replace the old ones at the end, so a failure leaves the old shards (and raises)."""
-    from safetensors import safe_open as st_open
-    from safetensors.torch import save_file as st_save
-
-    from qformat.checkpoint.output import file_metadata
-    from qformat.descriptor import parse_descriptor
-
-    folder = os.path.dirname(index_path)
-    with open(index_path, encoding="utf-8") as f:
-        index = json.load(f)
-    where: dict[str, str] = dict(index["weight_map"])  # stored tensor -> shard, as written
-    place = dict(where)
-    owner: dict[str, str] = {}
-    for logical, desc in descriptors.items():
-        comps = sorted({c for _, c in parse_descriptor(logical, desc).references()})
-        missing = [c for c in comps if c not in where]
-        if missing:
-            raise error("SAVE_INVALID", f"component {missing[0]!r} is missing from the saved shards", tensor=logical)
-        owner[logical] = where[comps[0]]
-        for c in comps:
-            place[c] = owner[logical]
-    shards = sorted(set(place.values()))
-    temps: list[tuple[str, str]] = []
-    try:
-        for shard in shards:
-            names = sorted(n for n, s in place.items() if s == shard)
-            tensors: dict[str, torch.Tensor] = {}
-            for src in sorted({where[n] for n in names}):
-                with st_open(os.path.join(folder, src), framework="pt") as f:
-                    base = f.metadata() or {}
-                    for n in names:
-                        if where[n] == src:
-                            tensors[n] = f.get_tensor(n)
-            meta = {k: v for k, v in base.items() if k != "qformat"}
-            meta = file_metadata(meta, {lg: d for lg, d in descriptors.items() if owner[lg] == shard}) or {}
-            tmp = os.path.join(folder, f".{shard}.qformat-tmp")
-            st_save(tensors, tmp, metadata=meta)
-            del tensors
-            temps.append((tmp, os.path.join(folder, shard)))
-    except BaseException:
-        for tmp, _ in temps:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        raise
-    for tmp, dst in temps:
-        os.replace(tmp, dst)
-    for emptied in sorted(set(where.values()) - set(shards)):  # held only components that moved away
-        os.remove(os.path.join(folder, emptied))
-    weight_map = dict(place)
-    weight_map.update(owner)
-    index["weight_map"] = dict(sorted(weight_map.items()))
-    tmp = index_path + ".qformat-tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, index_path)
