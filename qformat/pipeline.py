@@ -153,7 +153,7 @@ def transform_all(items: Iterable[Item], transform: Transform, source: Source) -
 def run(plan_: Plan, dst: str | os.PathLike[str], metadata: Callable[[str, dict[str, Any]], dict[str, str] | None], *,
         as_folder: bool, overwrite: bool = False, side_files: Iterable[str] = (), index: IndexSpec | None = None,
         verify: Callable[[str], None] | None = None, release: Callable[[], None] | None = None,
-        file_done: Callable[[str, int], None] | None = None) -> list[str]:
+        file_done: Callable[[str, int], None] | None = None, extra_files: Mapping[str, bytes] | None = None) -> list[str]:
     """Write a :class:`Plan` with :func:`~qformat.checkpoint.writer.write_checkpoint`.
 
     ``metadata(file, descriptors)`` gives each file's ``__metadata__``; ``release()`` runs
@@ -166,4 +166,5 @@ def run(plan_: Plan, dst: str | os.PathLike[str], metadata: Callable[[str, dict[
         out.tensors = list(plan_.stored[f].values())  # components are the writer's OutTensors
         files.append(out)
     return write_checkpoint(dst, files, as_folder=as_folder, overwrite=overwrite, side_files=side_files, index=index,
-                            verify=verify, written=(lambda _s: release()) if release is not None else None, file_done=file_done)
+                            verify=verify, written=(lambda _s: release()) if release is not None else None, file_done=file_done,
+                            extra_files=extra_files)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, TextIO
+from typing import Any, Iterator, Mapping, TextIO
 
 import numpy as np
 
@@ -101,17 +101,18 @@ def _validated(described: Described, src: CombinedSource) -> dict[str, Any]:
     return parsed
 
 
-def items(ck: Checkpoint, described: Described, repack: bool = False) -> Iterator[Item]:
+def items(ck: Checkpoint, described: Described, repack: bool = False, file_name: str | None = None) -> Iterator[Item]:
     """The conversion as pipeline items, in output order: every described tensor (its
     components are the source or added tensors it references, placed in the file of its
     codes), then every source tensor no descriptor references (in its own file), then added
-    and plain tensors no descriptor references (in the single output file).  Nothing is read
-    beyond headers: components are produced when written."""
+    and plain tensors no descriptor references (in the single output file, named after the
+    source's file unless ``file_name`` is given).  Nothing is read beyond headers: components
+    are produced when written."""
     src = CombinedSource(ck, described)
     parsed = _validated(described, src)
     single = ck.files[0] if ck.files else "model.safetensors"
     if ck.kind != "safetensors":
-        single = os.path.splitext(ck.files[0])[0] + ".safetensors"
+        single = file_name or os.path.splitext(ck.files[0])[0] + ".safetensors"
 
     def home(name: str) -> str:
         if ck.kind == "safetensors" and name in ck:
@@ -140,11 +141,11 @@ def items(ck: Checkpoint, described: Described, repack: bool = False) -> Iterato
         yield Item(n, None, {n: described.plain.component(n)}, single)
 
 
-def plan(ck: Checkpoint, described: Described, repack: bool) -> Plan:
+def plan(ck: Checkpoint, described: Described, repack: bool, file_name: str | None = None) -> Plan:
     """Per output file: the stored components and the logical tensors' descriptor JSON (no array made)."""
     transform: Transform = Repack() if repack else Identity()
     src = CombinedSource(ck, described)
-    return plan_outputs(transform_all(items(ck, described, repack), transform, src),
+    return plan_outputs(transform_all(items(ck, described, repack, file_name), transform, src),
                         order=ck.files if ck.kind == "safetensors" else None)
 
 
@@ -161,24 +162,28 @@ def _metadata(ck: Checkpoint, file: str, described: Described, descs: dict[str, 
 
 
 def write(ck: Checkpoint, described: Described, dst: str, repack: bool = False, overwrite: bool = False,
-          progress: TextIO | None = None) -> Summary:
+          progress: TextIO | None = None, model_folder: Mapping[str, bytes] | None = None) -> Summary:
     """Write the conversion to ``dst`` (a file for a single-file source, else a folder).
+
+    ``model_folder`` (a GGUF source made runnable, :mod:`qformat_transformers.gguf_layout`): ``dst``
+    is a model folder holding ``model.safetensors`` and these files (config.json, tokenizer,
+    ...) by name, instead of the single file.
 
     Runs on :mod:`qformat.pipeline`: every header is planned from specs first, then each
     tensor is produced (copied from the source's memory map, repacked, or made by the
     converter) and written one at a time, the source's pages released after each.
     """
     dst = os.path.abspath(dst)
-    as_folder = ck.kind == "safetensors" and (os.path.isdir(ck.path) or ck.sharded)
+    as_folder = (ck.kind == "safetensors" and (os.path.isdir(ck.path) or ck.sharded)) or model_folder is not None
     if dst == ck.path or (not as_folder and dst in [os.path.join(ck.folder, f) for f in ck.files]):
         raise error("CONVERT_DESTINATION_INVALID", f"the destination {dst} is the source itself")
     checkpoint_writer.check_destination(dst, as_folder, overwrite)
-    p = plan(ck, described, repack)
+    p = plan(ck, described, repack, "model.safetensors" if model_folder is not None else None)
     total = p.bytes
     bar = Progress(total, len(p.order), progress if len(p.order) > 1 else None)
     summary = Summary(logical=sum(len(d) for d in p.descriptors.values()), stored=sum(len(v) for v in p.stored.values()), bytes=total)
     side: list[str] = []
-    if as_folder:
+    if as_folder and model_folder is None:  # a GGUF's folder is not a model folder: nothing beside it is copied
         skip = set(ck.files) | ({ck.index_name} if ck.index_name else set())
         for n in sorted(os.listdir(ck.folder)):
             path = os.path.join(ck.folder, n)
@@ -189,7 +194,8 @@ def write(ck: Checkpoint, described: Described, dst: str, repack: bool = False, 
     if as_folder and ck.sharded:
         index = checkpoint_writer.IndexSpec(ck.index_name or "model.safetensors.index.json", dict(ck.index or {}))
     summary.files = run(p, dst, lambda f, descs: _metadata(ck, f, described, descs), as_folder=as_folder, overwrite=overwrite,
-                        side_files=side, index=index, verify=verify_output, release=ck.release, file_done=bar.file_done)
+                        side_files=side, index=index, verify=verify_output, release=ck.release, file_done=bar.file_done,
+                        extra_files=model_folder)
     return summary
 
 
