@@ -31,6 +31,10 @@ def _parser() -> argparse.ArgumentParser:
     cv.add_argument("dst", metavar="DST", nargs="?", help="the output: a file for a single-file source, else a folder")
     cv.add_argument("--from", dest="from_format", metavar="FORMAT", help="the source format (default: detected); see --list")
     cv.add_argument("--repack", action="store_true", help="rewrite into qformat's canonical layout instead of describing the source's bytes in place")
+    cv.add_argument("--layout", choices=("auto", "hf", "gguf"), default="auto",
+                    help="GGUF sources: hf writes a Hugging Face model folder (transformers names, config.json, tokenizer; "
+                         "needs qformat[transformers]), gguf one .safetensors file with the GGUF names; auto (default): "
+                         "gguf when DST ends in .safetensors, else hf")
     cv.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     cv.add_argument("--quiet", action="store_true", help="no progress bar")
     cv.add_argument("--list", action="store_true", help="list the source formats and exit")
@@ -145,6 +149,9 @@ def _convert(args: argparse.Namespace) -> int:
         print("qformat: error: convert needs SRC and DST (or --list)", file=sys.stderr)
         return 2
     try:
+        layout = _gguf_layout(args)
+        if layout == "hf":
+            return _convert_hf(args)
         s = cv.convert(args.src, args.dst, from_format=args.from_format, repack=args.repack,
                        overwrite=args.overwrite, progress=None if args.quiet else sys.stderr)
     except QFormatError as e:
@@ -154,6 +161,41 @@ def _convert(args: argparse.Namespace) -> int:
         print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return 3
     print(f"{args.dst}: wrote {s.logical} quantized tensors, {s.stored} stored tensors, {s.bytes / 1e6:,.1f} MB in {len(s.files)} file(s)")
+    return 0
+
+
+def _gguf_layout(args: argparse.Namespace) -> str | None:
+    """The layout a GGUF source is written in (None: not a GGUF source); ``--layout hf`` of
+    another source is a usage error."""
+    from .checkpoint.source import Checkpoint
+    from .errors import error
+
+    gguf = args.from_format == "gguf" or (args.from_format is None and Checkpoint(args.src).kind == "gguf")
+    if not gguf:
+        if args.layout == "hf":
+            raise error("CONVERT_UNSUPPORTED", "--layout hf is for GGUF model files (other sources keep their own tensor names)")
+        return None
+    if args.layout != "auto":
+        return str(args.layout)
+    return "gguf" if str(args.dst).endswith(".safetensors") else "hf"
+
+
+def _convert_hf(args: argparse.Namespace) -> int:
+    """``qformat convert model.gguf out/``: the Hugging Face model folder (qformat_transformers)."""
+    from .errors import error
+
+    try:
+        from qformat_transformers.gguf_layout import convert_gguf
+    except ImportError as e:
+        raise error("DEPENDENCY_MISSING", f"a GGUF model as a Hugging Face folder needs transformers and torch "
+                    f"(pip install 'qformat[transformers]'): {e}; or give a DST ending in .safetensors to keep the GGUF names") from None
+    s = convert_gguf(args.src, args.dst, overwrite=args.overwrite, progress=None if args.quiet else sys.stderr)
+    print(f"{args.dst}: {s.model_class} ({s.architecture}) for transformers: {s.quantized} quantized tensors kept packed, "
+          f"{s.plain} plain, {s.bytes / 1e6:,.1f} MB; {', '.join(s.side_files)}")
+    if s.permuted:
+        print(f"  rows of {len(s.permuted)} q/k weights put back in transformers' order (whole rows moved, exact)")
+    if s.left_out:
+        print(f"  left out (transformers does not load them either): {', '.join(s.left_out)}")
     return 0
 
 

@@ -404,3 +404,67 @@ def _slice_param(desc: Descriptor, prm: Param, src: Source, reg: Region, out: _O
     d["tensor"] = out.put(name, ("param", key), lambda: _take(src, name, stored, key))
     return d
 
+
+
+# -- moving whole rows -------------------------------------------------------------------------
+def row_components(desc: Descriptor) -> dict[str, bool]:
+    """Which components follow the rows of the logical tensor (axis 0), one to one.
+
+    Returns, for every component ``desc`` references, True when the component's elements, in
+    storage order, fall into one equal run per logical row, in row order (row ``i`` of the
+    tensor is decoded from run ``i`` of the component and nothing else: axis 0 of codes and of
+    per-row grid parameters, and the blocks of a flat parameter whose block size divides the
+    row), False when the component does not depend on the row (a codebook table, a parameter
+    constant along axis 0, a group index over another axis).  Reordering the rows of the
+    logical tensor is then exactly reordering those runs (``a.reshape(rows, -1)[order]``):
+    whole rows of packed codes and of parameters move, nothing is decoded or rounded
+    (llama.cpp's rotary permutation of q/k rows and its inverse are such reorders).
+
+    Raises ``SLICE_INVALID`` naming the reason where rows are not independent in storage: a
+    device layout, rank below 2, codes packed along axis 0 or across rows (``axis`` null), a
+    storage ``order``, flat blocks that straddle rows or are encoded, a parameter block taller
+    than one row, a group index over axis 0.
+    """
+    out: dict[str, bool] = {}
+    _row_components(desc, True, out)
+    return out
+
+
+def _row_components(desc: Descriptor, follows: bool, out: dict[str, bool]) -> None:
+    def refuse(why: str) -> None:
+        raise error("SLICE_INVALID", f"rows cannot be moved independently: {why}")
+
+    if desc.layout != "canonical":
+        refuse(f"device layout {desc.layout!r} (convert it to the canonical layout first)")
+    if follows:
+        if len(desc.shape) < 2:
+            refuse(f"a {len(desc.shape)}-D tensor has no rows of its own")
+        p = desc.codes.packing
+        if p.axis is None or p.order is not None or (p.axis == 0):
+            refuse("the codes are packed along axis 0 or across rows")
+    out[desc.codes.tensor] = follows
+    if desc.codes.element.table_tensor is not None:
+        out[desc.codes.element.table_tensor] = False
+    for prm in desc.params():
+        b = prm.blocks
+        if b.type == "flat":
+            row = math.prod(desc.shape[1:])
+            if follows and (prm.encoded is not None or row % int(b.size)):  # type: ignore[arg-type]
+                refuse(f"the {prm.role}'s flat blocks of {b.size} do not split into rows of {row}"
+                       + (" (or are encoded)" if prm.encoded is not None else ""))
+            out[str(prm.tensor)] = follows
+            continue
+        if b.index is not None:
+            if follows and b.index.axis == 0:
+                refuse(f"the {prm.role} has a group index over axis 0")
+            out[b.index.tensor] = False
+        size = b.size[0]  # type: ignore[index]
+        per_row = follows and size == 1
+        if follows and not per_row and not (size is None or size >= desc.shape[0]):
+            refuse(f"the {prm.role}'s blocks span {size} rows")
+        if prm.tensor is not None:
+            if per_row and prm.order is not None:
+                refuse(f"the {prm.role} is stored in another axis order")
+            out[prm.tensor] = per_row
+        elif prm.encoded is not None:
+            _row_components(prm.encoded, per_row, out)

@@ -1,0 +1,294 @@
+"""A GGUF model file as a Hugging Face model folder whose weights stay packed.
+
+``qformat convert model.gguf out/`` (the ``hf`` layout; :func:`convert_gguf`) writes a folder
+that ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)``
+load, with every GGUF block type kept as it is stored (K-quants included): the weights are the
+core's GGUF conversion (SPEC.md Appendix C.11, bit-exact with gguf-py), renamed and reordered
+the way transformers' own GGUF loader does it, and nothing is decoded on the way.
+
+Everything model-specific is transformers' own, so the folder loads as
+``from_pretrained(..., gguf_file=...)`` would build the model:
+
+* the config from the GGUF hyperparameters and the tokenizer from the GGUF vocabulary
+  (``AutoConfig`` / ``AutoTokenizer`` with ``gguf_file``), chat template included;
+* the tensor names from ``get_gguf_hf_weights_map`` over the model built on the meta device;
+* the per-architecture fix-ups of its tensor processors.  A processor that reorders rows
+  (llama.cpp's rotary permutation of q/k, undone for ``llama``) is found by running it on the
+  row numbers, and applied to the packed components as a move of whole rows, which is exact
+  (:func:`qformat.slicing.row_components`); a processor that changes values (Gemma's
+  ``norm - 1``) is applied to plain tensors as transformers applies it (binary32) and refused
+  for a quantized one.
+
+What is refused, with a code and nothing written: an architecture transformers' GGUF loader
+does not support, or one whose weights it merges or splits on load (the MoE architectures) or
+loads through its newer packed path (``CONVERT_UNSUPPORTED``, naming the architecture); a GGUF
+without a hyperparameter the config needs, or whose tensors do not fit the model those
+hyperparameters describe (``CONVERT_SOURCE_INVALID``, naming the key or tensor); a tokenizer
+transformers cannot build (``CONVERT_UNSUPPORTED``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+
+from qformat.convert.relayout import Move, relayout
+from qformat.errors import error
+
+#: Config attributes a model cannot be built without: a GGUF that lacks the key mapped to one
+#: is refused instead of taking transformers' class default silently.
+REQUIRED_ATTRIBUTES = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "rms_norm_eps", "head_dim")
+#: GGUF architectures transformers' GGUF loader merges or splits tensors of (MoE experts, fused
+#: layouts): the packed components cannot follow those operations yet.
+MERGED_ARCHITECTURES = ("qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2", "bloom", "t5", "t5encoder", "mamba", "lfm2")
+#: The probe row values: far from 0 and fractional, so that a processor changing values is
+#: never mistaken for one moving rows.
+_PROBE = 1000.5
+
+
+@dataclass
+class Summary:
+    """What :func:`convert_gguf` wrote."""
+
+    path: str
+    architecture: str
+    model_type: str
+    model_class: str
+    files: list[str] = field(default_factory=list)
+    quantized: int = 0
+    plain: int = 0
+    bytes: int = 0
+    permuted: list[str] = field(default_factory=list)  # HF names whose rows were reordered
+    left_out: list[str] = field(default_factory=list)  # GGUF tensors transformers does not load either
+    side_files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _kv(described: Any) -> dict[str, Any]:
+    from qformat.convert.gguf import METADATA_KEY
+
+    return json.loads(described.metadata[METADATA_KEY]).get("kv", {})
+
+
+def _kv_value(kv: dict[str, Any], key: str) -> Any:
+    v = kv.get(key)
+    return v.get("value") if isinstance(v, dict) else None
+
+
+def _check_architecture(arch: str) -> None:
+    from transformers.integrations.gguf.utils import is_gguf_arch_supported
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    if arch in MERGED_ARCHITECTURES or arch.replace("-", "_") in MERGED_ARCHITECTURES:
+        raise error("CONVERT_UNSUPPORTED", f"GGUF architecture {arch!r}: transformers merges or splits its tensors when it loads them "
+                    "(experts, fused projections), which packed components cannot follow; convert to the gguf layout "
+                    "(DST ending in .safetensors) to keep the GGUF names", field="general.architecture")
+    if is_gguf_arch_supported(arch):
+        raise error("CONVERT_UNSUPPORTED", f"GGUF architecture {arch!r} is loaded by transformers' newer GGUF path, whose "
+                    "weight conversions are not mirrored here yet", field="general.architecture")
+    known = sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer") and a not in MERGED_ARCHITECTURES)
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise error("CONVERT_UNSUPPORTED", f"GGUF architecture {arch!r} is not one transformers' GGUF loader supports "
+                    f"(supported here: {', '.join(known)})", field="general.architecture")
+
+
+def _check_hyperparameters(arch: str, kv: dict[str, Any]) -> None:
+    from transformers.integrations import GGUF_CONFIG_MAPPING
+
+    mapping = GGUF_CONFIG_MAPPING.get(arch) or {}
+    missing = [f"{arch}.{k}" for k, attr in mapping.items() if attr in REQUIRED_ATTRIBUTES and f"{arch}.{k}" not in kv]
+    if missing:
+        raise error("CONVERT_SOURCE_INVALID", f"the GGUF has no {', '.join(missing)}: the model's config cannot be built "
+                    "without it (transformers would take a class default silently)", field=missing[0])
+
+
+def _model_files(folder: str, name: str, config: Any, described: Any) -> dict[str, bytes]:
+    """config.json, generation_config.json and the tokenizer files, by name."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from qformat.model import required_version
+
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except Exception as e:  # transformers raises ValueError/KeyError/NotImplementedError for what it cannot build
+        kv = _kv(described)
+        model = _kv_value(kv, "tokenizer.ggml.model")
+        what = "no tokenizer.ggml.model" if model is None else f"tokenizer.ggml.model {model!r}"
+        raise error("CONVERT_UNSUPPORTED", f"transformers cannot build a tokenizer from this GGUF ({what}): {type(e).__name__}: {e}",
+                    field="tokenizer.ggml.model") from None
+    cfg = config.to_dict()
+    cfg.pop("_name_or_path", None)  # where the GGUF was read from: not a property of the model
+    # The GGUF values decode to float32 (what gguf-py and transformers' GGUF loader give); left
+    # unset, from_pretrained's dtype "auto" would take the dtype of the file's first float tensor,
+    # a float16 block scale.
+    cfg["dtype"] = "float32"
+    cfg["quantization_config"] = {"quant_method": "qformat", "spec_version": required_version(described.descriptors)}
+    files: dict[str, bytes] = {"config.json": (json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")}
+    with tempfile.TemporaryDirectory(prefix="qformat-hf-") as tmp:
+        with open(os.path.join(tmp, "config.json"), "wb") as f:
+            f.write(files["config.json"])
+        tok.save_pretrained(tmp)
+        _same_tokenizer(tok, tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+        for root, _, names in os.walk(tmp):
+            for n in names:
+                p = os.path.join(root, n)
+                with open(p, "rb") as f:
+                    files.setdefault(os.path.relpath(p, tmp), f.read())
+    return files
+
+
+#: Text both tokenizers must encode alike: spaces, digit runs, punctuation, contractions, accents,
+#: CJK, an emoji (what tells pre-tokenizers apart).
+TOKENIZER_PROBE = ("Hello world!  Two  spaces, tabs\tand\nnew lines; 0123456789 3 33 333 3333 3.14159 1,000,000. "
+                   "I've 'RE you sure? Caf\u00e9 na\u00efve \u6f22\u5b57\u5de5\u4f5c \U0001f999\U0001f999 ------======= end.")
+def _encode(tok: Any, text: str) -> list[int]:
+    return list(tok(text).input_ids)
+
+
+def _same_tokenizer(tok: Any, saved: str) -> None:
+    """The tokenizer written to the folder (with its config.json) must encode like the one
+    transformers builds from the GGUF.  It can differ: transformers 5 picks the tokenizer class
+    from config.json's model_type, and a model's class rebuilds the pre-tokenizer its models use
+    (Qwen2's digit split), where the GGUF may ask for another (``tokenizer.ggml.pre``).  Such a
+    tokenizer, or one that does not load back, is refused rather than written."""
+    from transformers import AutoTokenizer
+
+    text = TOKENIZER_PROBE + "".join(t for t in (tok.bos_token, tok.eos_token) if isinstance(t, str))
+    want = _encode(tok, text)
+    try:
+        got = _encode(AutoTokenizer.from_pretrained(saved), text)
+    except Exception as e:
+        raise error("CONVERT_UNSUPPORTED", f"the tokenizer transformers builds from this GGUF cannot be loaded back once saved "
+                    f"({type(e).__name__}: {e})", field="tokenizer.ggml.model") from None
+    if got != want:
+        raise error("CONVERT_UNSUPPORTED", f"the tokenizer transformers builds from this GGUF encodes differently once saved "
+                    f"with this model's config ({len(want)} tokens before, {len(got)} after, on a probe text; the GGUF's "
+                    "tokenizer.ggml.pre is probably not the one transformers' tokenizer class for this model uses)",
+                    field="tokenizer.ggml.pre")
+
+
+def _processor_move(processor: Any, gname: str, shape: tuple[int, ...], quantized: bool) -> tuple[np.ndarray | None, bool]:
+    """(row order or None, whether the processor changes values) for one GGUF tensor."""
+    probe = (np.arange(shape[0], dtype=np.float64) + _PROBE).reshape((shape[0],) + (1,) * (len(shape) - 1)) if shape else None
+    try:
+        res = processor.process(weights=probe, name=gname)
+        out = np.asarray(res.weights)
+        renamed = res.name != gname
+    except Exception:  # a processor that needs the real data (its shapes): not a row move
+        return None, True
+    if renamed:
+        raise error("CONVERT_UNSUPPORTED", f"transformers' GGUF loader renames this tensor to {res.name!r} while it loads it", tensor=gname)
+    if out is probe or (out.shape == probe.shape and np.array_equal(out, probe)):
+        return None, False
+    flat = out.reshape(-1)
+    if out.shape == probe.shape and np.array_equal(np.sort(flat), probe.reshape(-1)):
+        return (flat - _PROBE).astype(np.int64), False
+    return None, True
+
+
+def _values_fn(processor: Any, gname: str) -> Any:
+    """transformers' processing of a plain tensor's values: binary32 in, as its loader feeds it."""
+    def apply(a: np.ndarray) -> np.ndarray:
+        out = np.asarray(processor.process(weights=np.asarray(a, dtype=np.float32), name=gname).weights)
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    return apply
+
+
+def plan_moves(described: Any, config: Any, parsed_config: dict[str, Any], arch: str) -> tuple[dict[str, Move], list[str], list[str], Any]:
+    """The moves that take a GGUF :class:`~qformat.convert.base.Described` to transformers'
+    names: (moves, permuted HF names, left-out GGUF names, the model class)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    from qformat.convert.relayout import storage_of
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=parsed_config)
+    try:
+        # the GGUF's own architecture names its tensors (transformers derives it from model_type,
+        # which fails for a file whose general.name is "mistral": model_type mistral, no such GGUF arch)
+        names = get_gguf_hf_weights_map(model, processor, model_type=arch)
+    except (NotImplementedError, ValueError, KeyError) as e:
+        raise error("CONVERT_UNSUPPORTED", f"transformers cannot map the tensor names of GGUF architecture {arch!r}: {e}",
+                    field="general.architecture") from None
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    moves: dict[str, Move] = {}
+    permuted: list[str] = []
+    left_out: list[str] = []
+    shapes: dict[str, tuple[int, ...]] = {n: tuple(d["shape"]) for n, d in described.descriptors.items()}
+    shapes.update({n: tuple(described.plain.info(n).shape) for n in described.plain})
+    for gname, shape in shapes.items():
+        hf = names.get(gname)
+        if hf is None:
+            left_out.append(gname)
+            continue
+        quantized = gname in described.descriptors
+        rows, changes = _processor_move(processor, gname, shape, quantized)
+        if changes and quantized:
+            raise error("CONVERT_UNSUPPORTED", f"transformers changes this tensor's values when it loads it ({type(processor).__name__}), "
+                        "which a packed tensor cannot follow exactly", tensor=gname)
+        if hf not in expected:
+            raise error("CONVERT_SOURCE_INVALID", f"the model built from the GGUF hyperparameters has no parameter {hf!r}", tensor=gname)
+        if expected[hf] != shape:
+            raise error("CONVERT_SOURCE_INVALID", f"the tensor has shape {list(shape)}; the model built from the GGUF hyperparameters "
+                        f"({type(model).__name__}) expects {list(expected[hf])} for {hf!r}", tensor=gname)
+        if rows is not None:
+            permuted.append(hf)
+        values = _values_fn(processor, gname) if changes else None
+        info = (storage_of(np.dtype(np.float32)), shape) if changes else None
+        moves[gname] = Move(hf, rows, values, info)
+    provided = {m.name for m in moves.values()}
+    tied = set(getattr(model, "all_tied_weights_keys", None) or {})  # targets transformers fills from their source
+    missing = sorted(k for k in expected if k not in provided and k not in tied)
+    if missing:
+        raise error("CONVERT_SOURCE_INVALID", f"the GGUF has no tensor for {len(missing)} parameter(s) of {type(model).__name__}: "
+                    f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", tensor=missing[0])
+    return moves, permuted, left_out, type(model)
+
+
+def convert_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], overwrite: bool = False,
+                 progress: TextIO | None = None) -> Summary:
+    """Convert the GGUF model file ``src`` into the Hugging Face model folder ``dst`` (see the
+    module docstring).  Nothing is written unless everything is planned and checked first; the
+    folder is built beside ``dst`` and moved into place at the end."""
+    from transformers import AutoConfig
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from qformat import convert as cv
+    from qformat.checkpoint.source import Checkpoint
+    from qformat.convert.writer import write
+
+    ck = Checkpoint(src)
+    if ck.kind != "gguf":
+        raise error("CONVERT_UNSUPPORTED", f"the hf layout is for GGUF model files; {os.fspath(src)} is not one (its tensors keep their names)")
+    described = cv.get("gguf").describe(ck)
+    path = os.path.join(ck.folder, ck.files[0])
+    kv = _kv(described)
+    arch = _kv_value(kv, "general.architecture")
+    if not isinstance(arch, str):
+        raise error("CONVERT_SOURCE_INVALID", "the GGUF has no general.architecture", field="general.architecture")
+    _check_architecture(arch)
+    _check_hyperparameters(arch, kv)
+    folder, name = os.path.dirname(path), os.path.basename(path)
+    parsed = load_gguf_checkpoint(path, return_tensors=False)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    moves, permuted, left_out, model_cls = plan_moves(described, config, parsed["config"], arch)
+    config.architectures = [model_cls.__name__]
+    files = _model_files(folder, name, config, described)
+    out = relayout(described, moves)
+    out.metadata.clear()  # the GGUF key/values live on as config.json and the tokenizer files
+    s = write(ck, out, os.fspath(dst), overwrite=overwrite, progress=progress, model_folder=files)
+    return Summary(os.fspath(dst), arch, str(config.model_type), model_cls.__name__, s.files, len(out.descriptors), len(out.plain),
+                   s.bytes, sorted(permuted), sorted(left_out), sorted(files))
+
