@@ -819,9 +819,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per row (default 7; --quick 1)")
     ap.add_argument("--json", default="bench/results.json", help="where to write the results")
     ap.add_argument("--only", default="decode,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
-                    help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py)")
+                    help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py; "
+                         "gguf_hf, bench/gguf_hf.py)")
     ap.add_argument("--checkpoint-gb", default="0.5,1,2,4", help="source sizes of the checkpoint section (GiB, comma-separated)")
     ap.add_argument("--llama-gb", type=float, default=1.5, help="size of the llama section's fp16 checkpoint (GiB)")
+    ap.add_argument("--gguf-hf-layers", type=int, default=4, help="layers of the gguf_hf section's Llama-shaped GGUF")
+    ap.add_argument("--gguf-hf-type", default="Q4_0", help="ggml type of the gguf_hf section's weights (Q4_0, Q8_0, Q4_K, ...)")
     ap.add_argument("--check-gb", type=float, default=4.0, help="size of the checked file (GiB)")
     ap.add_argument("--tmp", default=None, help="folder for the big temporary files (default: the system's)")
     a = ap.parse_args(argv)
@@ -857,6 +860,10 @@ def main(argv: list[str] | None = None) -> int:
             from .llama import bench_llama
 
             bench_llama(run, tmp, 0.02 if a.quick else a.llama_gb)
+        if "gguf_hf" in only:
+            from .gguf_hf import bench_gguf_hf
+
+            bench_gguf_hf(run, tmp, a.gguf_hf_layers, a.gguf_hf_type)
         if "generate" in only:
             from .generate import bench_generate
 

@@ -127,11 +127,21 @@ def write_gguf(hf_folder: Path, path: Path, arch: str, *, qtype: str = "Q8_0", t
     ``"tokenizer."`` drops all of its keys), ``gguf_arch`` writes another architecture name,
     ``override`` sets uint32 keys to other values.
     """
-    import gguf
     from safetensors.numpy import load_file
 
     cfg = json.loads((hf_folder / "config.json").read_text())
     tj = json.loads((hf_folder / "tokenizer.json").read_text())
+    return write_gguf_from(path, arch, cfg, tj, load_file(str(hf_folder / "model.safetensors")).items(), qtype=qtype, types=types,
+                           seed=seed, drop=drop, gguf_arch=gguf_arch, override=override)
+
+
+def write_gguf_from(path: Path, arch: str, cfg: dict[str, Any], tj: dict[str, Any], tensors: Any, *, qtype: str = "Q8_0",
+                    types: dict[str, str] | None = None, seed: int = 1, drop: tuple[str, ...] = (),
+                    gguf_arch: str | None = None, override: dict[str, int] | None = None) -> Path:
+    """:func:`write_gguf` from a config dict, a tokenizer.json dict and ``(HF name, array)``
+    pairs (produced one at a time, so a large model need not be in memory as float32)."""
+    import gguf
+
     garch, name = ARCHS[arch][1], ARCHS[arch][2]
     n_layers = int(cfg["num_hidden_layers"])
     names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == garch), n_layers)
@@ -185,8 +195,7 @@ def write_gguf(hf_folder: Path, path: Path, arch: str, *, qtype: str = "Q8_0", t
     w.add_string(K.Tokenizer.CHAT_TEMPLATE, "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}")
 
     rng = np.random.default_rng(seed)
-    tensors = load_file(str(hf_folder / "model.safetensors"))
-    for hf_name, value in tensors.items():
+    for hf_name, value in tensors:
         if cfg.get("tie_word_embeddings") and hf_name == "lm_head.weight":
             continue
         gname = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
