@@ -262,8 +262,8 @@ def convert_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], overw
     """Convert the GGUF model file ``src`` into the Hugging Face model folder ``dst`` (see the
     module docstring).  Nothing is written unless everything is planned and checked first; the
     folder is built beside ``dst`` and moved into place at the end."""
-    from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from qformat import convert as cv
     from qformat.checkpoint.source import Checkpoint
@@ -281,8 +281,14 @@ def convert_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], overw
     _check_architecture(arch)
     _check_hyperparameters(arch, kv)
     folder, name = os.path.dirname(path), os.path.basename(path)
-    parsed = load_gguf_checkpoint(path, return_tensors=False)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    try:
+        parsed = load_gguf_checkpoint(path, return_tensors=False)
+        # what AutoConfig.from_pretrained(folder, gguf_file=name) builds, without a second parse
+        # of the GGUF metadata (gguf-py's reader takes seconds per 100k-token vocabulary)
+        config = CONFIG_MAPPING[parsed["config"]["model_type"]].from_dict(dict(parsed["config"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise error("CONVERT_SOURCE_INVALID", f"transformers cannot build a model config from this GGUF's metadata: "
+                    f"{type(e).__name__}: {e}", field="general.architecture") from None
     moves, permuted, left_out, model_cls = plan_moves(described, config, parsed["config"], arch)
     config.architectures = [model_cls.__name__]
     files = _model_files(folder, name, config, described)

@@ -72,6 +72,10 @@ def test_gguf_model_runs_packed_like_transformers_gguf_loader(root, tmp_path, ar
     assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file() and (out / "model.safetensors").is_file()
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "qformat" and cfg["dtype"] == "float32"
+    # the config is transformers' own reading of the GGUF, with only these members changed
+    auto = transformers.AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name).to_dict()
+    changed = {"quantization_config", "dtype", "architectures", "_name_or_path"}
+    assert {k: v for k, v in cfg.items() if k not in changed} == {k: v for k, v in json.loads(json.dumps(auto)).items() if k not in changed}
     assert s.permuted == (sorted(n for n in s.permuted if "q_proj" in n or "k_proj" in n) if ARCHS[arch][1] == "llama" else [])
     if ARCHS[arch][1] == "llama":
         assert len(s.permuted) == 4  # q and k of both layers
