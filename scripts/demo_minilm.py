@@ -3,7 +3,11 @@
 Main job first: the model folder in, a qformat folder out, with one mixed-precision recipe
 (`qformat quantize` in a subprocess, as a user would run it), `qformat check` on the result,
 `qformat dequantize` of it back to a plain folder, `qformat check` again, and the SQNR of the
-dequantized weights against the fp32 original.  Then the per-scheme table:
+dequantized weights against the fp32 original.  Both folders carry the model folder's other
+files (tokenizer, `modules.json`, `1_Pooling/`), so sentence-transformers loads each of them:
+the quantized one runs qformat's QLinear modules, and its sentence embeddings are compared
+with the dequantized folder's (qformat's decoded reference) bit for bit.  Then the per-scheme
+table:
 
 For each scheme: every 2-D weight with at least 4096 elements is quantized (LayerNorm weights,
 biases and small tensors stay plain float32, as they do in practice), the file is written with
@@ -101,7 +105,54 @@ def main_job(out: str) -> None:
     same = all(np.array_equal(original[n], back[n]) for n in original if n not in schemes)
     print(f"other tensors bit-identical: {same}; quantize took {t_q:.1f} s; "
           f"{sum(os.path.getsize(os.path.join(src, n)) for n in ['model.safetensors']) / 1e6:.1f} MB -> "
-          f"{os.path.getsize(os.path.join(qdir, 'model.safetensors')) / 1e6:.1f} MB\n")
+          f"{os.path.getsize(os.path.join(qdir, 'model.safetensors')) / 1e6:.1f} MB")
+    sentence_embeddings(src, qdir, pdir)
+    print()
+
+
+#: What the sentence-transformers check embeds.
+SENTENCES = ["A man is eating food.", "The quick brown fox jumps over the lazy dog.",
+             "qformat stores quantized weights in safetensors files.", "Der Himmel ist heute blau."]
+
+
+def sentence_embeddings(src: str, qdir: str, pdir: str) -> None:
+    """SentenceTransformer(quantized folder) against SentenceTransformer(dequantized folder):
+    the quantized model runs QLinear (decode the weight, then F.linear), so in float32 its
+    embeddings must equal the dequantized model's bit for bit; also the cosine to fp32."""
+    import logging
+
+    # transformers imports torchao when it is installed; its notes about CUDA-only kernels (and
+    # torch's about them) and the per-load progress bars are not this demo's output.
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        import torch
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        import qformat.transformers  # noqa: F401  (registers quant_method "qformat" with transformers)
+        from qformat_torch.nn import QLinear
+    except ImportError as e:
+        print(f"sentence-transformers check skipped ({e}; pip install sentence-transformers)")
+        return
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hf_logging.disable_progress_bar()
+    emb, quantized = {}, 0
+    for label, folder in (("quantized", qdir), ("dequantized", pdir), ("fp32", src)):
+        model = SentenceTransformer(folder, device="cpu")
+        if label == "quantized":
+            quantized = sum(isinstance(m, QLinear) for m in model.modules())
+        with torch.no_grad():
+            emb[label] = model.encode(SENTENCES, convert_to_tensor=True)
+    q, d = emb["quantized"], emb["dequantized"]
+    equal = bool(torch.equal(q, d))
+    diff = float((q - d).abs().max())
+    cos = torch.nn.functional.cosine_similarity(q, emb["fp32"])
+    print(f"SentenceTransformer(quantized): {quantized} QLinear modules; {len(SENTENCES)} sentence embeddings "
+          f"({q.shape[1]} dims, {q.dtype}) equal SentenceTransformer(dequantized) bit for bit: {equal} "
+          f"(max abs difference {diff:g}); cosine to the fp32 model {float(cos.min()):.4f} to {float(cos.max()):.4f}")
+    if not equal:
+        raise SystemExit("the quantized model's embeddings differ from the dequantized reference")
 
 
 def main() -> int:

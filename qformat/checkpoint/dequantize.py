@@ -44,7 +44,8 @@ def dequantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[st
                           notice: Callable[[str], None] | None = None) -> DequantizeSummary:
     """Decode every quantized tensor of ``src`` into a plain checkpoint at ``dst`` (a folder for
     a folder or sharded source, else a file).  ``dtype`` (float32, float16, bfloat16) casts the
-    decoded tensors; default each one's logical dtype.  Plain tensors are copied unchanged."""
+    decoded tensors; default each one's logical dtype.  Plain tensors are copied unchanged, and so
+    are a folder's other files and subfolders (:func:`qformat.checkpoint.output.side_files`)."""
     from .source import Checkpoint
     from ..convert.base import Described
     from ..convert.qformat_ import QFormatSource
@@ -87,9 +88,9 @@ def dequantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[st
         outs[0].name = os.path.basename(dst)
     summary.bytes = sum(f.data_bytes for f in outs)
     extra: dict[str, bytes] = {}
-    side: list[str] = []
+    side: list[checkpoint_writer.SideFile] = []
     if as_folder:
-        side = out_.side_files(ck.folder, {"config.json"}) if os.path.isdir(ck.path) or ck.sharded else []
+        side = out_.source_side_files(ck, dst, skip={"config.json"})  # the model folder's tree, config.json rewritten
         if isinstance(ck.config, dict):
             extra["config.json"] = out_.config_bytes(ck.config, None)
     bar = out_.ByteProgress(summary.bytes, progress, "dequantize")

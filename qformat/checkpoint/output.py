@@ -1,6 +1,7 @@
-"""What ``qformat quantize`` and ``qformat dequantize`` share around the writer: the source's
-side files and config.json, the output's shard layout (the source's, or by a maximum shard
-size in Hugging Face's "5GB" syntax), per-file metadata and a byte progress bar.
+"""What the whole-checkpoint commands (quantize, dequantize, convert, export) share around the
+writer: the source folder's side tree (:func:`side_files`) and config.json, the output's shard
+layout (the source's, or by a maximum shard size in Hugging Face's "5GB" syntax), per-file
+metadata and a byte progress bar.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import re
 import sys
 from typing import Any, Callable, Iterable, TextIO
 
-from .writer import DESTINATION_ERROR, IndexSpec
-from ..errors import error
+from .writer import DESTINATION_ERROR, IndexSpec, SideFile
+from ..errors import QFormatError, error
 from ..model import METADATA_KEY
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -61,17 +62,92 @@ def shard_by_size(units: Iterable[tuple[str, int]], max_bytes: int) -> tuple[dic
     return {u: files[i] for i, g in enumerate(groups) for u in g}, files
 
 
-def side_files(folder: str, skip: Iterable[str]) -> list[str]:
-    """Files beside the weights to copy unchanged (not safetensors files, indexes, temporaries,
-    or the names in ``skip``)."""
-    skip = set(skip)
-    out = []
-    for n in sorted(os.listdir(folder)):
-        p = os.path.join(folder, n)
-        if n in skip or not os.path.isfile(p) or n.endswith(".safetensors") or n.endswith(".safetensors.index.json") or n.startswith(".qformat-"):
-            continue
-        out.append(p)
+#: Top-level names of the checkpoint's weights in other frameworks' formats, as transformers
+#: names them (``pytorch_model.bin``, ``tf_model-00001-of-00002.h5``, ``flax_model.msgpack``,
+#: their indexes, ``rust_model.ot``): the same tensors, never rewritten, so never carried.
+_OTHER_WEIGHTS = ("pytorch_model", "tf_model", "flax_model", "rust_model")
+
+
+def is_weight_file(name: str) -> bool:
+    """Whether a top-level file name of a model folder holds the checkpoint's weights (or their
+    index): every ``*.safetensors`` file and ``*.safetensors.index*.json``, and transformers'
+    names for the same weights in other frameworks' formats."""
+    if name.endswith(".safetensors") or (".safetensors.index" in name and name.endswith(".json")):
+        return True
+    return re.sub(r"-\d+-of-\d+$", "", name.split(".", 1)[0]) in _OTHER_WEIGHTS
+
+
+def side_files(folder: str, skip: Iterable[str] = (), exclude: Iterable[str] = ()) -> list[SideFile]:
+    """What of a model folder is carried into an output folder unchanged: its whole tree
+    (subfolders such as sentence-transformers' ``1_Pooling/`` and their files, tokenizer
+    files, README.md, ...), each file under its path relative to ``folder``.
+
+    Left out: at the top level the checkpoint's own weights and index (:func:`is_weight_file`:
+    the command writes its own) and the names in ``skip`` (files the command writes itself,
+    config.json among them); anywhere, qformat's temporaries (``.qformat-*``), folders whose
+    names begin with a dot (``.git``, huggingface_hub's ``.cache``: a repository's history or a
+    download's bookkeeping, not the model) and the folders in ``exclude`` (a destination inside
+    the source).  A ``*.safetensors`` file inside a subfolder is a module's own weights (a
+    sentence-transformers Dense layer) and is copied as it is.
+
+    Links: a link to a file is copied as the file's contents when the file lies inside the
+    folder, or in the ``blobs/`` of the huggingface_hub cache repository whose snapshot the
+    folder is (every file of a snapshot is such a link).  A link to anything else, a link to a
+    folder, a broken link or a file that is not a regular file is refused
+    (``CONVERT_SOURCE_INVALID``, naming it) rather than followed or silently dropped.  Nothing
+    is read here; the writer copies each file's bytes into its temporary folder."""
+    root = os.path.realpath(folder)
+    allowed = [root] + _hub_blobs(root)
+    skip, excluded = set(skip), {os.path.realpath(p) for p in exclude}
+    out: list[SideFile] = []
+
+    def refuse(rel: str, why: str) -> QFormatError:
+        return error("CONVERT_SOURCE_INVALID", f"{os.path.join(folder, rel)} {why}; remove it or replace it with the file itself", field=rel)
+
+    def walk(path: str, rel: str) -> None:
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            name = rel + e.name
+            if e.name.startswith(".qformat-") or (not rel and (e.name in skip or is_weight_file(e.name))):
+                continue
+            if e.is_dir(follow_symlinks=False):
+                if not e.name.startswith(".") and os.path.realpath(e.path) not in excluded:
+                    walk(e.path, name + "/")
+            elif e.is_symlink():
+                target = os.path.realpath(e.path)
+                if not any(target == a or target.startswith(a + os.sep) for a in allowed):
+                    raise refuse(name, f"is a link to {target}, outside the model folder, which qformat does not follow")
+                if os.path.isdir(target):
+                    raise refuse(name, "is a link to a folder, which qformat does not follow")
+                if not os.path.isfile(target):
+                    raise refuse(name, "is a broken link or a link to something that is not a regular file")
+                out.append(SideFile(target, name))
+            elif e.is_file(follow_symlinks=False):
+                out.append(SideFile(e.path, name))
+            else:
+                raise refuse(name, "is not a regular file (a device, pipe or socket)")
+
+    walk(root, "")
     return out
+
+
+def source_side_files(ck: Any, dst: str, skip: Iterable[str] = ()) -> list[SideFile]:
+    """:func:`side_files` of a checkpoint's folder for an output folder at ``dst``: empty when
+    the source is a single file (its folder is not a model folder); otherwise the source's own
+    weight files and index are left out too, and so is ``dst`` when it lies inside the folder."""
+    if not (os.path.isdir(ck.path) or ck.sharded):
+        return []
+    own = set(ck.files) | ({ck.index_name} if ck.index_name else set())
+    return side_files(ck.folder, {*skip, *own}, exclude=[dst])
+
+
+def _hub_blobs(root: str) -> list[str]:
+    """``[.../models--org--name/blobs]`` when ``root`` is a snapshot of a huggingface_hub cache
+    repository (``.../models--org--name/snapshots/<revision>``), whose files link there."""
+    parent = os.path.dirname(root)
+    blobs = os.path.join(os.path.dirname(parent), "blobs")
+    return [os.path.realpath(blobs)] if os.path.basename(parent) == "snapshots" and os.path.isdir(blobs) else []
 
 
 def config_bytes(config: Any, quantization_config: dict[str, Any] | None) -> bytes:

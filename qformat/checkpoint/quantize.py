@@ -155,7 +155,9 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     ``max_shard_size``), else a file.  ``scheme`` and ``params`` (as :func:`qformat.quantize`;
     ``dtype`` defaults to each tensor's own floating dtype) apply under the default selection
     rule; ``recipe`` (a TOML path, a :class:`~qformat.recipe.Recipe` or its dict) adds ordered
-    rules.  Nothing is written unless everything succeeds.
+    rules.  A folder's other files and subfolders (tokenizer, sentence-transformers modules, ...)
+    are carried unchanged (:func:`qformat.checkpoint.output.side_files`) and config.json gets
+    qformat's ``quantization_config``.  Nothing is written unless everything succeeds.
     """
     from ..convert.writer import verify_output
 
@@ -223,9 +225,9 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     summary.bytes = sum(f.data_bytes for f in outs)
 
     extra: dict[str, bytes] = {}
-    side: list[str] = []
+    side: list[checkpoint_writer.SideFile] = []
     if as_folder:
-        side = out_.side_files(ck.folder, {"config.json"}) if os.path.isdir(ck.path) or ck.sharded else []
+        side = out_.source_side_files(ck, dst, skip={"config.json"})  # the model folder's tree, config.json rewritten
         from ..model import required_version
 
         alld = {k: v for d in descs.values() for k, v in d.items()}

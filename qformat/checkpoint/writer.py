@@ -84,6 +84,15 @@ class OutGroup:
     produce: Callable[[], Mapping[str, np.ndarray]]
 
 
+@dataclass(frozen=True)
+class SideFile:
+    """A file copied unchanged into an output folder: the regular file at ``source`` becomes
+    ``name``, a path relative to the folder ('/'-separated; subfolders are created)."""
+
+    source: str
+    name: str
+
+
 @dataclass
 class IndexSpec:
     """The ``*.safetensors.index.json`` to write: its file name and every member but
@@ -106,7 +115,7 @@ def check_destination(dst: str, as_folder: bool, overwrite: bool) -> None:
 
 
 def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, as_folder: bool, overwrite: bool = False,
-                     side_files: Iterable[str] = (), index: IndexSpec | None = None,
+                     side_files: Iterable[SideFile | str] = (), index: IndexSpec | None = None,
                      verify: Callable[[str], None] | None = None,
                      written: Callable[[TensorSpec], None] | None = None,
                      file_done: Callable[[str, int], None] | None = None,
@@ -115,8 +124,10 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
     """Write ``files`` (in the order given) as a checkpoint at ``dst``; returns the paths written.
 
     ``as_folder`` False: exactly one file, written to ``dst`` itself.  Otherwise ``dst`` is a
-    folder holding the files, copies of ``side_files`` (paths) and, with ``index``, an index
-    whose ``weight_map`` maps every stored and logical tensor name to its file.  ``verify(path)``
+    folder holding the files, copies of ``side_files`` (:class:`SideFile` s, or paths copied
+    under their base names; one the write produces itself, a file, the index or an
+    ``extra_files`` name, is not copied) and, with ``index``, an index whose ``weight_map``
+    maps every stored and logical tensor name to its file.  ``verify(path)``
     runs on each written file before anything is moved into place; ``written(spec)`` after each
     tensor body (release source pages there); ``file_done(name, nbytes)`` after each file.
     ``extra_files`` (folder only): more files by name and content (a rewritten config.json),
@@ -159,9 +170,8 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
             shutil.rmtree(tmp, ignore_errors=True)
             return [dst]
         os.chmod(tmp, default_mode(folder=True))  # mkdtemp made it 0700
-        for p in side_files:
-            shutil.copyfile(p, os.path.join(tmp, os.path.basename(p)))
-            fsync_path(os.path.join(tmp, os.path.basename(p)))
+        produced = {f.name for f in files} | set(extra_files or {}) | ({index.name} if index is not None else set())
+        copy_side_files(tmp, side_files, skip=produced)
         for n, data in (extra_files or {}).items():
             with open(os.path.join(tmp, n), "wb") as fh:
                 fh.write(data)
@@ -185,6 +195,30 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
         raise
     syncer.shutdown(wait=False)
     return [os.path.join(dst, f.name) for f in files]
+
+
+def copy_side_files(folder: str, side_files: Iterable[SideFile | str], skip: Iterable[str] = ()) -> list[str]:
+    """Copy each side file's bytes into ``folder`` under its relative name (subfolders made
+    as ``mkdir`` makes them, files as ``open`` makes them: ordinary permissions under the
+    umask, never the source's), each synced; names in ``skip`` are left out.  Returns the
+    relative names copied."""
+    skip = set(skip)
+    done = []
+    for s in side_files:
+        if not isinstance(s, SideFile):
+            s = SideFile(os.fspath(s), os.path.basename(os.fspath(s)))
+        if s.name in skip:
+            continue
+        parts = s.name.split("/")
+        if os.path.isabs(s.name) or any(p in ("", ".", "..") for p in parts):
+            raise error(DESTINATION_ERROR, f"side file name {s.name!r} is not a relative path inside the output folder")
+        path = os.path.join(folder, *parts)
+        if len(parts) > 1:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        shutil.copyfile(s.source, path)
+        fsync_path(path)
+        done.append(s.name)
+    return done
 
 
 def _mark(tmp: str, dst: str) -> None:

@@ -17,6 +17,7 @@ from typing import TextIO
 from ..errors import error
 from .base import Checkpoint, Converter, Described
 from .registry import REGISTRY
+from .repack import describe_recorded
 from .writer import Summary, write
 
 def formats() -> list[str]:
@@ -41,10 +42,11 @@ def detect(ck: Checkpoint) -> Converter:
 
 
 def describe(src: str | os.PathLike[str], from_format: str | None = None) -> tuple[Checkpoint, Converter, Described]:
-    """Open ``src``, pick its converter and return what it describes (nothing is written)."""
+    """Open ``src``, pick its converter and return what it describes (nothing is written), with
+    the source tensors and side files it consumed recorded (what ``--repack`` leaves out)."""
     ck = Checkpoint(src)
     conv = get(from_format) if from_format else detect(ck)
-    return ck, conv, conv.describe(ck)
+    return ck, conv, describe_recorded(conv, ck)
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], from_format: str | None = None,

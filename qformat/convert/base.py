@@ -96,6 +96,15 @@ class Described:
     metadata: dict[str, str] = field(default_factory=dict)
     #: For sources without safetensors files (GGUF): the only output file's tensors in order.
     plain: LazyArrays = field(default_factory=LazyArrays)
+    #: Source tensors and side files (``quanto_qmap.json``, ``hf_quant_config.json``) the converter
+    #: checked or read to build the descriptors: a quant-state blob, a codebook it compared, a
+    #: folded ``g_idx``, a shape tensor.  In place they stay (the source's runtime reads them);
+    #: ``--repack`` leaves them out, their content now being in the descriptors.  Filled by
+    #: :func:`qformat.convert.describe` (:func:`qformat.convert.repack.describe_recorded`) from
+    #: the converter's ``require``/``array``/``side_json`` calls, so a converter looks at a tensor
+    #: it leaves to the model (a bias giving a shape) with ``info``.
+    consumed: set[str] = field(default_factory=set)
+    consumed_side_files: set[str] = field(default_factory=set)
 
     def add(self, name: str, array: Any) -> str:
         """Add a tensor (an array, or a :func:`lazy` component) under ``name``; returns ``name``."""

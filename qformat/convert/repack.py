@@ -7,6 +7,11 @@ the orientation of their grid (no ``order``); nested descriptors repacked the sa
 Elements, blocks, operations and parameter storage dtypes are kept, so every decoded value
 is unchanged: only where the bits sit changes.  Component names become
 ``<logical>.codes``, ``<logical>.scale``, ``<logical>.scale.codes`` and so on.
+
+A repacked checkpoint is qformat's alone: besides the components of its descriptors it holds
+only the source tensors the converter did not consume (:func:`describe_recorded`: the model's
+other tensors, biases, norms, embeddings), and the writer gives its config.json qformat's
+``quantization_config``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,57 @@ from ..pipeline import Component, Item, Output, Transform
 from ..schemes._common import codes_entry, packing
 from ._fastpack import canonical_copy, pack_canonical
 from ..sources import Source, TensorInfo
+
+
+class _Recording:
+    """A checkpoint seen through a converter's ``describe``, recording what it consumes: every
+    tensor it checks (``require``) or reads (``array``) and every side JSON file it reads.
+    Anything else is the checkpoint's own attribute."""
+
+    def __init__(self, ck: Any):
+        self._ck = ck
+        self.tensors: set[str] = set()
+        self.side_files: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ck, name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._ck
+
+    def require(self, name: str, dtypes: Any = None, rank: int | None = None) -> Any:
+        self.tensors.add(name)
+        return self._ck.require(name, dtypes, rank)
+
+    def array(self, name: str) -> np.ndarray:
+        self.tensors.add(name)
+        return self._ck.array(name)
+
+    def side_json(self, name: str) -> Any:
+        value = self._ck.side_json(name)
+        if value is not None:
+            self.side_files.add(name)
+        return value
+
+    def quantization_config(self) -> Any:
+        from ..checkpoint.source import Checkpoint
+
+        return Checkpoint.quantization_config(self)  # type: ignore[arg-type]  # its side_json reads are recorded
+
+
+def describe_recorded(converter: Any, ck: Any) -> Any:
+    """``converter.describe(ck)`` with :attr:`~qformat.convert.base.Described.consumed` and
+    ``consumed_side_files`` filled: the source tensors the converter checked or read and the
+    side JSON files it read while describing.  Those are what the descriptors were built from
+    (a bitsandbytes quant-state blob and ``quant_map``, a folded GPTQ ``g_idx``, a
+    compressed-tensors ``weight_shape``, ``quanto_qmap.json``), so ``--repack``, whose
+    descriptors no longer point at them, leaves them out.  Reads made later, when an added
+    tensor is produced, are not counted (the tensors such a producer reads were checked here)."""
+    rec = _Recording(ck)
+    described = converter.describe(rec)
+    described.consumed = set(rec.tensors)
+    described.consumed_side_files = set(rec.side_files)
+    return described
 
 
 class Repack(Transform):

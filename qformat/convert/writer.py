@@ -4,8 +4,11 @@ The same for every source format.  In place, every source tensor is copied byte 
 under its own name (from a memory map, in bounded chunks) and the descriptors are added to
 ``__metadata__``; with ``repack`` the described tensors are rewritten by
 :mod:`qformat.convert.repack`.  A single-file source gives a single file; a folder or a
-sharded index gives a folder with the same file names, side files (config.json, tokenizer)
-copied, and an index whose ``weight_map`` lists every stored and logical tensor.  Files are
+sharded index gives a folder with the same file names, the source folder's side tree
+(config.json, tokenizer, subfolders: :func:`qformat.checkpoint.output.side_files`) copied, and
+an index whose ``weight_map`` lists every stored and logical tensor.  With ``repack`` the
+output is a self-contained qformat checkpoint: the source tensors and side files the converter
+consumed are left out and config.json gets qformat's ``quantization_config``.  Files are
 written beside the destination and moved into place only when everything succeeded.
 """
 
@@ -18,6 +21,7 @@ from typing import Any, Iterator, Mapping, TextIO
 
 import numpy as np
 
+from ..checkpoint import output as out_
 from ..checkpoint import writer as checkpoint_writer
 from ..check import check_file
 from ..descriptor import parse_descriptor
@@ -104,9 +108,10 @@ def _validated(described: Described, src: CombinedSource) -> dict[str, Any]:
 def items(ck: Checkpoint, described: Described, repack: bool = False, file_name: str | None = None) -> Iterator[Item]:
     """The conversion as pipeline items, in output order: every described tensor (its
     components are the source or added tensors it references, placed in the file of its
-    codes), then every source tensor no descriptor references (in its own file), then added
-    and plain tensors no descriptor references (in the single output file, named after the
-    source's file unless ``file_name`` is given).  Nothing is read beyond headers: components
+    codes), then every source tensor no descriptor references (in its own file; with
+    ``repack`` only those the converter did not consume either, ``Described.consumed``), then
+    added and plain tensors no descriptor references (in the single output file, named after
+    the source's file unless ``file_name`` is given).  Nothing is read beyond headers: components
     are produced when written."""
     src = CombinedSource(ck, described)
     parsed = _validated(described, src)
@@ -131,7 +136,7 @@ def items(ck: Checkpoint, described: Described, repack: bool = False, file_name:
         yield Item(name, described.descriptors[name], comps, target, parsed=desc)
     if ck.kind == "safetensors":
         for n in ck.names():
-            if n in referenced or n in described.dropped:
+            if n in referenced or n in described.dropped or (repack and n in described.consumed):
                 continue
             yield Item(n, None, {n: ck.component(n)}, home(n))
     for n in described.added:
@@ -182,21 +187,40 @@ def write(ck: Checkpoint, described: Described, dst: str, repack: bool = False, 
     total = p.bytes
     bar = Progress(total, len(p.order), progress if len(p.order) > 1 else None)
     summary = Summary(logical=sum(len(d) for d in p.descriptors.values()), stored=sum(len(v) for v in p.stored.values()), bytes=total)
-    side: list[str] = []
+    side: list[checkpoint_writer.SideFile] = []
+    extra = dict(model_folder or {})
     if as_folder and model_folder is None:  # a GGUF's folder is not a model folder: nothing beside it is copied
-        skip = set(ck.files) | ({ck.index_name} if ck.index_name else set())
-        for n in sorted(os.listdir(ck.folder)):
-            path = os.path.join(ck.folder, n)
-            if n in skip or not os.path.isfile(path) or n.endswith(".safetensors") or n.startswith(".qformat-"):
-                continue
-            side.append(path)
+        skip: set[str] = set()
+        if repack:  # qformat's config.json; the source format's own side files (read into descriptors) stay behind
+            skip = {"config.json", *described.consumed_side_files}
+            if isinstance(ck.config, dict):
+                extra["config.json"] = out_.config_bytes(*repacked_config(ck, p.descriptors))
+        side = out_.source_side_files(ck, dst, skip)
     index = None
     if as_folder and ck.sharded:
         index = checkpoint_writer.IndexSpec(ck.index_name or "model.safetensors.index.json", dict(ck.index or {}))
     summary.files = run(p, dst, lambda f, descs: _metadata(ck, f, described, descs), as_folder=as_folder, overwrite=overwrite,
                         side_files=side, index=index, verify=verify_output, release=ck.release, file_done=bar.file_done,
-                        extra_files=model_folder)
+                        extra_files=extra or None)
     return summary
+
+
+def repacked_config(ck: Checkpoint, descriptors: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config.json, its new ``quantization_config``) of a repacked checkpoint: the source's
+    config with ``quantization_config`` replaced by qformat's, as ``qformat quantize`` writes it
+    (``quant_method`` "qformat", ``spec_version`` the lowest version the descriptors need; a
+    qformat source's recorded recipe kept).  Every other member stays, mlx-lm's
+    ``quantization`` included (transformers does not read it; ``qformat export --to mlx`` takes
+    its defaults from it, so the round trip keeps the source's config)."""
+    from ..model import required_version
+
+    cfg = dict(ck.config or {})
+    source = ck.quantization_config()
+    recorded = source if isinstance(source, dict) and source.get("quant_method") == "qformat" else {}
+    alld = {n: d for per_file in descriptors.values() for n, d in per_file.items()}
+    qc = {"quant_method": "qformat", "spec_version": required_version(alld) if alld else "1.0"}
+    qc.update((k, v) for k, v in recorded.items() if k not in qc)
+    return cfg, qc
 
 
 def verify_output(path: str) -> None:

@@ -5,8 +5,9 @@ Each exported tensor's target arrays are one :class:`~qformat.checkpoint.writer.
 (built and verified once, written at their planned offsets, dropped), so memory holds one
 source tensor's work at a time.  File names follow the source: a single file stays a single
 file (``dst`` is then a file); a folder or sharded source gives a folder with the same file
-names, every side file but config.json copied, and an index (for sharded sources) listing
-the target's tensor names.  A written file must pass ``qformat check`` as a plain safetensors
+names, the source folder's whole side tree but config.json copied (subfolders included:
+:func:`qformat.checkpoint.output.side_files`), and an index (for sharded sources) listing the
+target's tensor names.  A written file must pass ``qformat check`` as a plain safetensors
 file before anything is moved into place.
 """
 
@@ -51,9 +52,9 @@ def write_safetensors(dst: str, plan: ExportPlan, ctx: Context, *, label: str,
     if not as_folder:
         outs[0].name = os.path.basename(dst)
     extra: dict[str, bytes] = dict(extra_files or {})
-    side: list[str] = []
+    side: list[checkpoint_writer.SideFile] = []
     if as_folder:
-        side = out_.side_files(ck.folder, {"config.json", *extra})
+        side = out_.source_side_files(ck, os.path.abspath(dst), skip={"config.json", *extra})
         cfg = config(ck.config) if config is not None else ck.config
         if isinstance(cfg, dict):
             extra["config.json"] = (json.dumps(cfg, indent=2, ensure_ascii=False) + "\n").encode("utf-8")

@@ -3,7 +3,9 @@
 
 transformers writes the same ``__metadata__`` (the quantizer's) into every shard of a sharded
 save; :func:`reshard` rewrites such a save into shards that are each complete qformat files
-(SPEC §14).
+(SPEC §14).  A model loaded from a local folder also gets the rest of that folder
+(:func:`side_tree`, :func:`copy_missing`: tokenizer, sentence-transformers modules, model
+card), which ``save_pretrained`` itself does not write.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ def save_pretrained(self: Any, save_directory: Any, *args: Any, **kwargs: Any) -
     tensors it holds, and the index listing every stored tensor and logical name with its
     shard.  One shard is held in memory at a time.  ``push_to_hub`` with a save that shards is
     refused before anything is written (the upload would happen before the repair).
+
+    When the model was loaded from a local folder, the files of that folder the save did not
+    write (tokenizer files, sentence-transformers modules such as ``1_Pooling/``, README.md;
+    never the source's weights, index or config.json) are copied in afterwards
+    (:func:`side_tree`, :func:`copy_missing`), so the saved folder is as complete as the one
+    loaded.  They are listed before the save (a link out of the folder stops it before
+    anything is written); with ``push_to_hub`` they are not uploaded (the upload runs inside
+    the save).
     """
     cls_save = type(self).save_pretrained
     bound = inspect.signature(cls_save).bind(self, save_directory, *args, **kwargs)
@@ -54,7 +64,11 @@ def save_pretrained(self: Any, save_directory: Any, *args: Any, **kwargs: Any) -
         if total > parse_size(opts.get("max_shard_size") or "50GB"):
             raise error("SAVE_INVALID", "save_pretrained(push_to_hub=True) of a qformat model that is split into shards is "
                                         "not supported: save it to a folder, then upload the folder with huggingface_hub")
+    source = source_folder(self)
+    side = side_tree(source, save_directory) if source is not None else []
     out = cls_save(self, save_directory, *args, **kwargs)
+    if os.path.isdir(save_directory):
+        copy_missing(side, save_directory)
     if quantizer is not None and os.path.isdir(save_directory):
         from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
@@ -63,6 +77,48 @@ def save_pretrained(self: Any, save_directory: Any, *args: Any, **kwargs: Any) -
         if os.path.isfile(index) and descs:
             reshard(index, descs)
     return out
+
+
+def source_folder(model: Any) -> str | None:
+    """The local folder ``model`` was loaded from (``name_or_path``), or None (a hub id, or a
+    model built in memory)."""
+    path = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+    return os.fspath(path) if path and os.path.isdir(path) else None
+
+
+def side_tree(source: str, save_directory: Any) -> list[Any]:
+    """What of the folder ``source`` a save into ``save_directory`` carries
+    (:func:`qformat.checkpoint.output.side_files`: the whole tree but the top-level weights and
+    index; config.json is the save's own); nothing when the two are the same folder."""
+    from qformat.checkpoint.output import side_files
+
+    dst = os.path.abspath(os.fspath(save_directory))
+    if os.path.realpath(source) == os.path.realpath(dst):
+        return []
+    return side_files(source, {"config.json"}, exclude=[dst])
+
+
+def copy_missing(side: list[Any], save_directory: Any) -> list[str]:
+    """Copy each of ``side`` (:class:`qformat.checkpoint.writer.SideFile`) into
+    ``save_directory`` unless a file of that name is there (the save wrote it, or it was there
+    before: nothing in the destination is replaced).  Each file is written atomically with
+    ordinary permissions under the umask; folders are made as ``mkdir`` makes them.  Returns
+    the relative names copied."""
+    import shutil
+
+    from qformat.atomic import atomic_write
+
+    folder = os.fspath(save_directory)
+    copied = []
+    for s in side:
+        path = os.path.join(folder, *s.name.split("/"))
+        if os.path.lexists(path):
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(s.source, "rb") as src, atomic_write(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        copied.append(s.name)
+    return copied
 
 
 def reshard(index_path: str, descriptors: dict[str, Any]) -> None:

@@ -113,7 +113,11 @@ def test_sharded_source_gives_sharded_output(how, tmp_path):
         assert sorted(os.listdir(dst)) == ["config.json", "m-1.safetensors", "m-2.safetensors", "model.safetensors.index.json"]
         idx = json.loads((dst / "model.safetensors.index.json").read_text())
         assert idx["weight_map"]["a"] == "m-1.safetensors" and idx["weight_map"]["b"] == "m-2.safetensors"
-        assert (dst / "config.json").read_text() == '{"model_type": "test"}'
+        if mode == "in_place":
+            assert (dst / "config.json").read_text() == '{"model_type": "test"}'
+        else:  # a repacked checkpoint is qformat's own (tests/convert/test_repack_self_contained.py)
+            assert json.loads((dst / "config.json").read_text()) == {
+                "model_type": "test", "quantization_config": {"quant_method": "qformat", "spec_version": "1.0"}}
         rep = qformat.check([dst / "model.safetensors.index.json"])
         assert rep.ok, rep.to_dict()
         got = qformat.load_checkpoint(dst / "model.safetensors.index.json")
