@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--to", metavar="FORMAT", help="the target format (see --list)")
     ex.add_argument("--allow-rounding", action="store_true", help="export tensors that do not map exactly anyway, re-encoded where needed; each is reported with its max abs difference and SQNR")
     ex.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    ex.add_argument("--gguf-pre", metavar="NAME", help="--to gguf: the llama.cpp pre-tokenizer to record as tokenizer.ggml.pre "
+                    "(default: the one llama.cpp's converter gives the tokenizer's fingerprint; needed when that is unknown; "
+                    "'default' accepts llama.cpp's default pre-tokenizer)")
     ex.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
     ex.add_argument("--list", action="store_true", help="list the export targets and exit")
@@ -347,10 +350,16 @@ def _export(args: argparse.Namespace) -> int:
     if not args.src or not args.dst or not args.to:
         print("qformat: error: export needs SRC, DST and --to FORMAT (or --list)", file=sys.stderr)
         return 2
+    options: dict[str, str] = {}
+    if args.gguf_pre is not None:
+        if args.to != "gguf":
+            print("qformat: error: --gguf-pre applies to --to gguf only", file=sys.stderr)
+            return 2
+        options["gguf_pre"] = args.gguf_pre
 
     def job() -> int:
         r = ex.export(args.src, args.dst, to=args.to, allow_rounding=args.allow_rounding, overwrite=args.overwrite,
-                      progress=None if (args.quiet or args.json) else sys.stderr)
+                      progress=None if (args.quiet or args.json) else sys.stderr, **options)
         if args.json:
             print(json.dumps(r.to_dict(), indent=2))
             return 0

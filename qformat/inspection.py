@@ -6,6 +6,13 @@ its converter in memory: nothing is written), and lists every tensor a reader re
 its logical shape and dtype, scheme, element encoding, block size, layout, stored bytes and
 bits per weight (parameters included), then totals and a per-scheme summary.
 
+For a GGUF file, and for a checkpoint converted from one (its ``__metadata__["gguf"]``), the
+report also summarises the GGUF key/values (:func:`gguf_summary`): architecture, name, the
+``<arch>.*`` hyperparameters, tokenizer model, pre-tokenizer and vocabulary size, and
+``general.file_type`` with its gguf-py ``LlamaFileType`` name.  Tensors in which older
+conversions stored large key/values (``gguf.kv.*``) are metadata, not model tensors: they are
+left out of the tensor list, the totals and the bits per weight (and named in the summary).
+
 Only headers and metadata are read: no tensor payload of a qformat, plain safetensors or GGUF
 file is touched, so the answer comes in milliseconds whatever the checkpoint's size.  Some
 converters of other formats read a few small tensors to describe the source (bitsandbytes'
@@ -275,32 +282,149 @@ def _plain_row(name: str, i: TensorInfo) -> TensorRow:
                      _bpw(nbytes, math.prod(i.shape)), [name])
 
 
-def _gguf_rows(o: Opened) -> Iterator[TensorRow]:
+# -- GGUF key/values ------------------------------------------------------------------------------
+#: Arrays longer than this are summarised by their length (vocabularies, merges, scores).
+SHORT_ARRAY = 64
+
+
+def gguf_summary(kv: dict[str, Any], version: Any = None, alignment: Any = None, kv_tensors: list[str] | None = None) -> dict[str, Any]:
+    """What a GGUF file's key/values say about the model (``kv``: key -> the JSON form the
+    converter records, ``{"type", "value"}``, or a stub of a value kept elsewhere with its
+    ``length``): ``architecture``, ``name``, ``file_type`` (``{"id", "name"}``, the name from
+    gguf-py's ``LlamaFileType``), ``quantization_version``, ``hyperparameters`` (every
+    ``<architecture>.*`` key, prefix removed; long arrays as their length), ``tokenizer``
+    (``model``, ``pre``, ``vocab_size``), the GGUF ``version``, ``alignment`` and key count."""
+    import gguf
+
+    K = gguf.Keys
+
+    def value(key: str) -> Any:
+        v = kv.get(key)
+        return v.get("value") if isinstance(v, dict) else None
+
+    arch = value(K.General.ARCHITECTURE)
+    ft = value(K.General.FILE_TYPE)
+    ft_name = gguf.LlamaFileType(ft).name if isinstance(ft, int) and ft in gguf.LlamaFileType._value2member_map_ else None
+    hyper: dict[str, Any] = {}
+    if isinstance(arch, str):
+        for key in sorted(k for k in kv if k.startswith(arch + ".")):
+            v = kv[key]
+            if not isinstance(v, dict):
+                continue
+            if v.get("type") == "array":
+                items = v.get("value")
+                if isinstance(items, list) and len(items) <= SHORT_ARRAY and v.get("element_type") != "array":
+                    hyper[key[len(arch) + 1 :]] = items
+                else:
+                    hyper[key[len(arch) + 1 :]] = {"length": len(items) if isinstance(items, list) else v.get("length")}
+            elif "value" in v:
+                hyper[key[len(arch) + 1 :]] = v["value"]
+    tokens = kv.get(K.Tokenizer.LIST)
+    n_tokens = None
+    if isinstance(tokens, dict):
+        n_tokens = len(tokens["value"]) if isinstance(tokens.get("value"), list) else tokens.get("length")
+    if n_tokens is None and isinstance(arch, str):
+        n_tokens = value(K.LLM.VOCAB_SIZE.format(arch=arch))
+    model = value(K.Tokenizer.MODEL)
+    tok = None if model is None and n_tokens is None else {"model": model, "pre": value(K.Tokenizer.PRE), "vocab_size": n_tokens}
+    out = {"architecture": arch, "name": value(K.General.NAME), "file_type": None if ft is None else {"id": ft, "name": ft_name},
+           "quantization_version": value(K.General.QUANTIZATION_VERSION), "hyperparameters": hyper, "tokenizer": tok,
+           "version": version, "alignment": alignment, "keys": len(kv)}
+    if kv_tensors:
+        out["kv_tensors"] = sorted(kv_tensors)
+    return out
+
+
+def _gguf_file_kv(f: Any) -> tuple[dict[str, Any], int, int]:
+    """A GGUF file's key/values in the converter's JSON form (long arrays as their length)."""
+    from .convert.gguf import kv_json
+
+    kv: dict[str, Any] = {}
+    for key, v in f.kv.items():
+        if v.type == "array" and len(v.value) > SHORT_ARRAY:
+            kv[key] = {"type": "array", "element_type": v.element_type, "length": len(v.value)}
+        else:
+            kv[key] = kv_json(v)
+    return kv, f.version, f.alignment
+
+
+def _recorded_gguf(o: Opened) -> tuple[dict[str, Any] | None, set[str]]:
+    """The summary of the ``gguf`` metadata a converted checkpoint records (None without one), and
+    the tensors of older conversions that hold large values (not model tensors)."""
+    from .convert.gguf import METADATA_KEY as GGUF_KEY
+
+    if o.ck.kind != "safetensors":
+        return None, set()
+    for f in o.ck.files:
+        text = o.ck.metadata(f).get(GGUF_KEY)
+        if text is None:
+            continue
+        try:
+            meta = json.loads(text)
+            kv = meta["kv"]
+            if not isinstance(kv, dict):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            return {"error": f"{f}: __metadata__[{GGUF_KEY!r}] is not the JSON object qformat convert records"}, set()
+        moved = {str(v["tensor"]) for v in kv.values() if isinstance(v, dict) and "tensor" in v}
+        return gguf_summary(kv, meta.get("version"), meta.get("alignment"), sorted(moved)), moved
+    return None, set()
+
+
+def gguf_lines(g: dict[str, Any]) -> list[str]:
+    """The text report's lines for :func:`gguf_summary`."""
+    if "error" in g:
+        return [f"  GGUF metadata: {g['error']}"]
+    ft = g["file_type"]
+    what = [f"architecture {g['architecture'] or '-'}"]
+    if g["name"]:
+        what.append(f"name {g['name']!r}")
+    if ft is not None:
+        what.append(f"file type {ft['name'] or 'unknown'} ({ft['id']})")
+    if g["quantization_version"] is not None:
+        what.append(f"quantization version {g['quantization_version']}")
+    what.append(f"GGUF v{g['version']}, alignment {g['alignment']}, {g['keys']} keys")
+    out = ["  GGUF: " + ", ".join(what)]
+    if g["hyperparameters"]:
+        items = [f"{k} {_short(v)}" for k, v in g["hyperparameters"].items()]
+        out.append("  hyperparameters: " + ", ".join(items))
+    t = g["tokenizer"]
+    if t is not None:
+        out.append(f"  tokenizer: {t['model'] or '-'}, pre-tokenizer {t['pre'] or '-'}, vocabulary {t['vocab_size'] if t['vocab_size'] is not None else '-'}")
+    if g.get("kv_tensors"):
+        out.append(f"  key/values stored as tensors (not counted as model tensors): {', '.join(g['kv_tensors'])}")
+    return out
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, dict) and "length" in v:
+        return f"[{v['length']} values]"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return json.dumps(v, ensure_ascii=False) if isinstance(v, (list, str)) else str(v)
+
+
+def _gguf_rows(f: Any) -> Iterator[TensorRow]:
     """GGUF tensors from the tensor infos alone (no block is read): the scheme and element the
     converter gives them (SPEC.md Appendix C.1), the GGUF file's own bytes."""
     from .convert import gguf as g
-    from .convert.gguf_file import GGUFFile
 
-    f = GGUFFile(os.path.join(o.ck.folder, o.ck.files[0]))
-    try:
-        for t in f.tensors.values():
-            n = math.prod(t.shape)
-            if t.ggml_type in g.PLAIN:
-                st = _dt.storage_name(g.PLAIN[t.ggml_type]) or t.type_name
-                yield TensorRow(t.name, list(t.shape), plain_dtype(st), False, None, None, t.type_name, None, None, None, t.nbytes, _bpw(t.nbytes, n), [t.name])
-                continue
-            spec = g.TYPES.get(t.ggml_type)
-            if spec is None:
-                yield TensorRow(t.name, list(t.shape), "float32", True, "gguf_" + t.type_name.lower(), "derived",
-                                f"{t.type_name} (no qformat mapping)", None, None, "gguf_blocks", t.nbytes, _bpw(t.nbytes, n), [t.name])
-                continue
-            el = "codebook4 e2m1 (gguf)" if spec.name == "MXFP4" else element_text(Element.from_dict(spec.codes.element()))
-            gran = str(spec.block) + (f" (sub-blocks of {spec.sub})" if spec.sub else "")
-            block = {"type": "grid", "size": [1] * (len(t.shape) - 1) + [spec.sub or spec.block]}
-            yield TensorRow(t.name, list(t.shape), "float32", True, "gguf_" + spec.name.lower(), "descriptor", el, block, gran,
-                            "gguf_blocks", t.nbytes, _bpw(t.nbytes, n), [t.name])
-    finally:
-        del f
+    for t in f.tensors.values():
+        n = math.prod(t.shape)
+        if t.ggml_type in g.PLAIN:
+            st = _dt.storage_name(g.PLAIN[t.ggml_type]) or t.type_name
+            yield TensorRow(t.name, list(t.shape), plain_dtype(st), False, None, None, t.type_name, None, None, None, t.nbytes, _bpw(t.nbytes, n), [t.name])
+            continue
+        spec = g.TYPES.get(t.ggml_type)
+        if spec is None:
+            yield TensorRow(t.name, list(t.shape), "float32", True, "gguf_" + t.type_name.lower(), "derived",
+                            f"{t.type_name} (no qformat mapping)", None, None, "gguf_blocks", t.nbytes, _bpw(t.nbytes, n), [t.name])
+            continue
+        el = "codebook4 e2m1 (gguf)" if spec.name == "MXFP4" else element_text(Element.from_dict(spec.codes.element()))
+        gran = str(spec.block) + (f" (sub-blocks of {spec.sub})" if spec.sub else "")
+        block = {"type": "grid", "size": [1] * (len(t.shape) - 1) + [spec.sub or spec.block]}
+        yield TensorRow(t.name, list(t.shape), "float32", True, "gguf_" + spec.name.lower(), "descriptor", el, block, gran,
+                        "gguf_blocks", t.nbytes, _bpw(t.nbytes, n), [t.name])
 
 
 @dataclass
@@ -314,6 +438,7 @@ class Inspection:
     files: list[str]
     file_bytes: int
     tensors: list[TensorRow]
+    gguf: dict[str, Any] | None = None  # gguf_summary() of a GGUF file or of the GGUF metadata a conversion records
 
     def totals(self) -> dict[str, Any]:
         q = [t for t in self.tensors if t.quantized]
@@ -342,7 +467,7 @@ class Inspection:
     def to_dict(self) -> dict[str, Any]:
         return {"format_version": FORMAT_VERSION, "path": self.path, "kind": self.kind, "source_format": self.source_format,
                 "spec_version": self.spec_versions[0] if len(self.spec_versions) == 1 else (self.spec_versions or None),
-                "files": self.files, "file_bytes": self.file_bytes, "totals": self.totals(), "schemes": self.schemes(),
+                "files": self.files, "file_bytes": self.file_bytes, "gguf": self.gguf, "totals": self.totals(), "schemes": self.schemes(),
                 "tensors": [t.to_dict() for t in self.tensors]}
 
     def lines(self) -> list[str]:
@@ -352,7 +477,10 @@ class Inspection:
         ver = ", ".join(self.spec_versions) if self.spec_versions else "-"
         out = [f"{self.path}: {what}",
                f"  {len(self.files)} file(s), {self.file_bytes / 1e6:,.1f} MB; qformat spec version {ver}"
-               + (" (as converted)" if self.kind == "source" else ""), ""]
+               + (" (as converted)" if self.kind == "source" else "")]
+        if self.gguf is not None:
+            out += gguf_lines(self.gguf)
+        out.append("")
         cols = ["tensor", "shape", "dtype", "scheme", "element", "block", "layout", "bits/w", "bytes"]
         rows = [[t.name, "x".join(map(str, t.shape)) or "scalar", t.dtype, t.scheme or "plain", t.element, t.granularity or "-",
                  t.layout or "-", "-" if t.bits_per_weight is None else f"{t.bits_per_weight:.2f}", f"{t.stored_bytes:,}"] for t in self.tensors]
@@ -387,13 +515,22 @@ def inspect_checkpoint(path: str | os.PathLike[str], from_format: str | None = N
     """
     o = open_checkpoint(path, from_format)
     if o.source_format == "gguf":
-        rows = list(_gguf_rows(o))
+        from .convert.gguf_file import GGUFFile
+
+        f = GGUFFile(os.path.join(o.ck.folder, o.ck.files[0]))
+        rows = list(_gguf_rows(f))
+        kv, version, alignment = _gguf_file_kv(f)
+        summary: dict[str, Any] | None = gguf_summary(kv, version, alignment)
+        del f
     else:
+        summary, kv_tensors = _recorded_gguf(o)
         descs = o.descriptors()
         rows = [_quantized_row(n, d, o.info) for n, d in descs.items()]
         for n in o.plain_names(descs):
+            if n in kv_tensors:
+                continue  # a GGUF key/value an older conversion stored as a tensor: metadata
             i = o.info(n)
             assert i is not None
             rows.append(_plain_row(n, i))
     rows.sort(key=lambda r: natural_key(r.name))
-    return Inspection(os.fspath(path), o.kind, o.source_format, o.spec_versions(), o.files, o.file_bytes(), rows)
+    return Inspection(os.fspath(path), o.kind, o.source_format, o.spec_versions(), o.files, o.file_bytes(), rows, summary)

@@ -4,12 +4,18 @@
 
 1. its dtype is F16, BF16, F32 or F64 and it has exactly 2 axes and at least 4096 elements;
 2. its name ends in ``.weight`` (or is ``weight``);
-3. it is not an embedding: no dot-separated part of its name contains ``embed`` (any case)
-   or is ``wte`` / ``wpe``;
+3. it is not an embedding: no dot-separated part of its name contains ``embed`` or ``embd``
+   (any case) or is ``wte``, ``wpe`` or ``token_types``;
 4. it is not the output head: the part before ``.weight`` is not ``lm_head``, ``embed_out``,
-   ``output``, ``head`` or ``classifier``, and its shape is not the shape of an embedding of the same
-   checkpoint (a tied head stored as its own tensor is ``[vocab, hidden]`` like the embedding);
+   ``output``, ``head``, ``classifier`` or ``cls``, and its shape is not the shape of an embedding of
+   the same checkpoint (a tied head stored as its own tensor is ``[vocab, hidden]`` like the embedding);
 5. it is not a norm: no part of its name contains ``norm`` (any case) or is ``ln_f`` or ``ln_<digits>``.
+
+The rule knows both name families: Hugging Face's (``model.embed_tokens``, ``transformer.wte``,
+``lm_head``, ``model.norm``, ...) and llama.cpp's GGUF names (gguf-py's ``MODEL_TENSOR`` names:
+``token_embd``, ``position_embd``, ``token_types``, ``per_layer_token_embd``, the head ``output``
+and ``cls``, the norms ``*_norm``), so a checkpoint converted from GGUF and dequantized is
+selected alike.
 
 **Recipe** (TOML, read with :mod:`tomllib`): ordered ``[[rules]]``; each has exactly one of
 ``glob`` (:func:`fnmatch.fnmatchcase` over the whole tensor name) or ``regex``
@@ -38,8 +44,8 @@ from .sources import TensorInfo
 FLOAT_STORAGE = ("F16", "BF16", "F32", "F64")
 #: The smallest tensor the default rule quantizes.
 MIN_ELEMENTS = 4096
-HEAD_NAMES = ("lm_head", "embed_out", "output", "head", "classifier")
-_EMBED = re.compile(r"embed|^wte$|^wpe$", re.IGNORECASE)
+HEAD_NAMES = ("lm_head", "embed_out", "output", "head", "classifier", "cls")
+_EMBED = re.compile(r"embed|embd|^wte$|^wpe$|^token_types$", re.IGNORECASE)
 _NORM = re.compile(r"norm|^ln_f$|^ln_\d+$", re.IGNORECASE)
 RECIPE_ERROR = "QUANTIZE_RECIPE_INVALID"
 

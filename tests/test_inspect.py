@@ -112,7 +112,8 @@ def test_cli_text_and_json(qfile: Path) -> None:
     assert "total: 4 tensors (3 quantized, 1 plain)" in p.stdout
     j = run_cli("inspect", "--json", str(qfile))
     d = json.loads(j.stdout)
-    assert set(d) == {"format_version", "path", "kind", "source_format", "spec_version", "files", "file_bytes", "totals", "schemes", "tensors"}
+    assert set(d) == {"format_version", "path", "kind", "source_format", "spec_version", "files", "file_bytes", "gguf", "totals", "schemes", "tensors"}
+    assert d["gguf"] is None  # not a GGUF file nor a conversion of one
     assert set(d["tensors"][0]) == {"name", "shape", "dtype", "quantized", "scheme", "scheme_source", "element", "block", "granularity",
                                     "layout", "elements", "stored_bytes", "bits_per_weight", "components"}
     assert set(d["totals"]) == {"tensors", "quantized", "plain", "elements", "stored_bytes", "bits_per_weight",
@@ -175,6 +176,73 @@ def test_gguf_file_from_tensor_infos_only(tmp_path: Path, monkeypatch: pytest.Mo
     assert t["blk.1.ffn_down.weight"]["bits_per_weight"] == 4.25
     assert t["output_norm.weight"]["dtype"] == "float32" and not t["output_norm.weight"]["quantized"]
     assert d["file_bytes"] == path.stat().st_size
+
+
+def _llama_gguf(path: Path) -> Path:
+    """A GGUF file with the keys llama.cpp's converter writes for a llama (gguf-py's writer)."""
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    from .convert.test_gguf import quant_data
+
+    rng = np.random.default_rng(1)
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_name("Tiny Llama")
+    w.add_block_count(2)
+    w.add_context_length(4096)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_freq_base(500000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_K_M))
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list([f"t{i}" for i in range(9000)])  # large enough for its own metadata member once converted
+    w.add_token_types([1] * 9000)
+    w.add_tensor("blk.0.ffn_up.weight", quant_data(T.Q4_K, (4, 256), rng), raw_dtype=T.Q4_K)
+    w.add_tensor("output_norm.weight", np.ones(64, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_metadata_summary(tmp_path: Path) -> None:
+    """A GGUF file and its conversion show the same key/value summary, in text and --json."""
+    from qformat.convert import convert
+
+    src = _llama_gguf(tmp_path / "m.gguf")
+    mid = tmp_path / "m.safetensors"
+    convert(src, mid)
+    want = {"architecture": "llama", "name": "Tiny Llama", "file_type": {"id": 15, "name": "MOSTLY_Q4_K_M"}, "quantization_version": 2,
+            "hyperparameters": {"attention.head_count": 4, "attention.head_count_kv": 2, "attention.layer_norm_rms_epsilon": pytest.approx(1e-5),
+                                "block_count": 2, "context_length": 4096, "embedding_length": 64, "feed_forward_length": 128,
+                                "rope.freq_base": 500000.0},
+            "tokenizer": {"model": "gpt2", "pre": "llama-bpe", "vocab_size": 9000}, "version": 3, "alignment": 32}
+    for path in (src, mid):
+        g = inspect_checkpoint(path).to_dict()["gguf"]
+        assert g["keys"] == 16 and {k: g[k] for k in want} == want, path
+        p = run_cli("inspect", str(path))
+        assert p.returncode == 0, p.stderr
+        assert "GGUF: architecture llama, name 'Tiny Llama', file type MOSTLY_Q4_K_M (15), quantization version 2" in p.stdout
+        assert "hyperparameters: attention.head_count 4, attention.head_count_kv 2" in p.stdout and "context_length 4096" in p.stdout
+        assert "tokenizer: gpt2, pre-tokenizer llama-bpe, vocabulary 9000" in p.stdout
+        assert json.loads(run_cli("inspect", "--json", str(path)).stdout)["gguf"]["tokenizer"]["vocab_size"] == 9000
+    d = inspect_checkpoint(mid).to_dict()
+    assert {t["name"] for t in d["tensors"]} == {"blk.0.ffn_up.weight", "output_norm.weight"}  # model tensors only
+    assert d["totals"]["elements"] == 4 * 256 + 64  # the vocabulary (its own metadata member) is no tensor
+
+
+def test_unreadable_gguf_metadata_is_said(tmp_path: Path) -> None:
+    p = tmp_path / "m.safetensors"
+    qformat.save_file({"w": np.ones((2, 32), np.float32)}, p, metadata={"gguf": "{not json"})
+    r = inspect_checkpoint(p)
+    assert r.gguf is not None and "is not the JSON object qformat convert records" in r.gguf["error"]
+    assert any(line.startswith("  GGUF metadata: ") for line in r.lines()) and r.totals()["tensors"] == 1
 
 
 def _gptq_source(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:

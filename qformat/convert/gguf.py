@@ -31,10 +31,14 @@ in-file codebook rather than ``e2m1fn``; and ggml reads exponent byte 255 as ``2
 qformat's ``e8m0fnu`` reads NaN, so a tensor with a 255 exponent takes its scale from a
 256-entry in-file table of ggml's values instead (``_mxfp4``).
 
-The GGUF key/value metadata goes to ``__metadata__["gguf"]`` as JSON (``_metadata``); values
-whose JSON exceeds :data:`MAX_INLINE_VALUE_BYTES` (tokenizer vocabularies, merges) are stored
-as ``U8`` plain tensors ``gguf.kv.<key>`` holding that JSON, so the file stays self-contained
-while its header stays small.
+The GGUF key/value metadata goes to ``__metadata__["gguf"]`` as JSON (``_metadata``); a value
+whose JSON exceeds :data:`MAX_INLINE_VALUE_BYTES` (tokenizer vocabularies, merges) gets its own
+``__metadata__`` member ``gguf.kv.<key>`` holding that JSON, the ``gguf`` member pointing at it.
+So the output's tensors are the model's tensors and nothing else, and the ``gguf`` member stays
+small enough to read at a glance; all the members together are kept under
+:data:`MAX_METADATA_BYTES` of header (safetensors headers end at 100 MB).  Files written before
+stored such values as ``U8`` tensors of the same names (:data:`KV_TENSOR_PREFIX`); export still
+reads them.
 """
 
 from __future__ import annotations
@@ -56,12 +60,17 @@ from ._fastpack import describe_parts, extract, extract_packed, pack_canonical
 from .base import Checkpoint, Converter, Described, lazy, source_error, unsupported
 from .gguf_file import GGML_TYPES, KV, GGUFFile, TensorInfo
 
-#: A metadata value whose JSON is longer than this is moved into a ``gguf.kv.<key>`` tensor.
+#: A metadata value whose JSON is longer than this gets its own ``gguf.kv.<key>`` metadata member.
 MAX_INLINE_VALUE_BYTES = 64 << 10
-#: The ``gguf`` metadata member is kept below this by moving the largest values into tensors.
-MAX_METADATA_BYTES = 4 << 20
+#: The most header bytes the GGUF metadata members may take together (as escaped JSON strings in
+#: the safetensors header): safetensors refuses headers over 100 MB, and the tensor index and the
+#: qformat descriptors need the rest.  A GGUF file with more metadata is CONVERT_UNSUPPORTED.
+MAX_METADATA_BYTES = 64_000_000
 METADATA_KEY = "gguf"
-KV_TENSOR_PREFIX = "gguf.kv."
+#: The ``__metadata__`` member of a large value: this prefix and the GGUF key.
+KV_MEMBER_PREFIX = "gguf.kv."
+#: Files converted before the members existed stored large values as ``U8`` tensors of these names.
+KV_TENSOR_PREFIX = KV_MEMBER_PREFIX
 
 #: ggml types stored as plain tensors: id -> NumPy dtype of their elements (little-endian).
 PLAIN: dict[int, Any] = {
@@ -206,15 +215,10 @@ class GGUF(Converter):
             else:
                 supported = ", ".join(sorted([GGML_TYPES[i][0] for i in TYPES] + [GGML_TYPES[i][0] for i in PLAIN]))
                 raise unsupported(f"ggml type {t.type_name} has no qformat mapping here; supported: {supported}", tensor=t.name, field=f"tensor_info[{t.name}].type")
-        meta, kv_tensors = _metadata(f)
-        for n, a in kv_tensors.items():
-            if n in out.plain or n in out.descriptors or n in out.added:
-                raise unsupported(f"the metadata tensor {n!r} would take the name of a tensor of the file", tensor=n)
-            out.plain[n] = a
         clash = sorted((set(out.plain) | set(out.descriptors)) & set(out.added))
         if clash:
             raise unsupported(f"the component name {clash[0]!r} is also the name of a tensor of the file", tensor=clash[0])
-        out.metadata[METADATA_KEY] = meta
+        out.metadata.update(_metadata(f))
         return out
 
 
@@ -350,6 +354,11 @@ def _jsonable(v: KV) -> dict[str, Any]:
     return {"type": v.type, "value": v.value}
 
 
+def kv_json(v: KV) -> dict[str, Any]:
+    """One GGUF key/value in the JSON form ``__metadata__["gguf"]`` records it in (SPEC.md C.11)."""
+    return _jsonable(v)
+
+
 def _float(x: float) -> float | str:
     # float32 values are exact as binary64, whose shortest repr round-trips; JSON has no NaN/Inf.
     return x if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
@@ -359,37 +368,36 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def _metadata(f: GGUFFile) -> tuple[str, dict[str, np.ndarray]]:
-    """The ``gguf`` metadata JSON and the ``gguf.kv.*`` tensors holding values too large for it."""
+def header_bytes(key: str, text: str) -> int:
+    """Bytes a ``__metadata__`` member takes in the safetensors header (its key and its value as
+    JSON strings, escaped as qformat's container writes them, plus the separators)."""
+    return len(json.dumps(key, ensure_ascii=False).encode("utf-8")) + len(json.dumps(text, ensure_ascii=False).encode("utf-8")) + 2
+
+
+def _metadata(f: GGUFFile) -> dict[str, str]:
+    """The ``__metadata__`` members holding the GGUF key/values: ``gguf`` (version, alignment,
+    every key, the tensor list) and one ``gguf.kv.<key>`` per value too large to sit inline,
+    whose entry in ``gguf`` is a stub naming the member."""
     kv: dict[str, Any] = {}
-    texts: dict[str, str] = {}
+    members: dict[str, str] = {}
     for key, v in f.kv.items():
         j = _jsonable(v)
-        texts[key] = _dumps(j)
-        kv[key] = j
-    moved: dict[str, np.ndarray] = {}
-
-    def move(key: str) -> None:
-        v = kv[key]
-        tname = KV_TENSOR_PREFIX + key
-        moved[tname] = np.frombuffer(texts[key].encode("utf-8"), np.uint8).copy()
-        stub = {"type": v["type"], "tensor": tname, "bytes": int(moved[tname].size)}
-        if v["type"] == "array":
-            stub.update(element_type=v["element_type"], length=len(v["value"]))
+        text = _dumps(j)
+        if len(text.encode("utf-8")) <= MAX_INLINE_VALUE_BYTES:
+            kv[key] = j
+            continue
+        member = KV_MEMBER_PREFIX + key
+        members[member] = text
+        stub: dict[str, Any] = {"type": j["type"], "metadata": member, "bytes": len(text.encode("utf-8"))}
+        if j["type"] == "array":
+            stub.update(element_type=j["element_type"], length=len(j["value"]))
         kv[key] = stub
-
-    for key in list(kv):
-        if len(texts[key].encode("utf-8")) > MAX_INLINE_VALUE_BYTES:
-            move(key)
     obj = {"version": f.version, "alignment": f.alignment, "kv": kv,
            "tensors": [[t.name, t.type_name, list(t.shape)] for t in f.tensors.values()]}
-    text = _dumps(obj)
-    # Still too long (many medium values): move the largest remaining values until it fits.
-    for key in sorted((k for k in kv if KV_TENSOR_PREFIX + k not in moved), key=lambda k: -len(texts[k])):
-        if len(text.encode("utf-8")) <= MAX_METADATA_BYTES:
-            break
-        move(key)
-        text = _dumps(obj)
-    if len(text.encode("utf-8")) > MAX_METADATA_BYTES:
-        raise unsupported(f"the GGUF metadata needs {len(text.encode('utf-8'))} bytes of JSON with every value moved into a tensor; at most {MAX_METADATA_BYTES}", field="gguf")
-    return text, moved
+    out = {METADATA_KEY: _dumps(obj), **members}
+    total = sum(header_bytes(k, t) for k, t in out.items())
+    if total > MAX_METADATA_BYTES:
+        big = max(members, key=lambda m: len(members[m])) if members else METADATA_KEY
+        raise unsupported(f"the GGUF key/values need {total:,} bytes of safetensors header (the largest, {big!r}, "
+                          f"{header_bytes(big, out[big]):,}); at most {MAX_METADATA_BYTES:,} fit beside the tensor index", field=METADATA_KEY)
+    return out

@@ -21,18 +21,23 @@ NumPy: binary32, ``d`` widened from ``F16``, one rounding per product, in its or
 
 Names and metadata: a source that ``qformat convert`` made from a GGUF file keeps its tensor
 names, tensor order, alignment and every key/value pair with its type (``__metadata__["gguf"]``
-and the ``gguf.kv.*`` tensors, which are not exported as tensors).  A Hugging Face llama-family
-checkpoint (``model_type`` llama, mistral: architecture ``llama``; qwen2: ``qwen2``) gets the
-keys llama.cpp reads, llama.cpp's tensor names, and for ``llama`` the rotary row permutation of
-``q_proj``/``k_proj`` (convert_hf_to_gguf.py ``LlamaModel.permute``; whole rows of blocks move,
-which is exact; Llama 3 rope scaling adds ``rope_freqs.weight``), and a byte-level BPE
-``tokenizer.json`` as llama.cpp's ``gpt2`` tokenizer keys.  Anything else keeps its names, with
-``general.architecture`` set from ``config.json``'s ``model_type`` when there is one.
+and its ``gguf.kv.<key>`` members, or the ``gguf.kv.*`` tensors of older conversions, which are
+not exported as tensors); when the tensors are written in other types than the source recorded,
+``general.file_type`` follows them.  A Hugging Face llama-family checkpoint (``model_type``
+llama, mistral: architecture ``llama``; qwen2: ``qwen2``) gets the keys llama.cpp's converter
+writes (every name from gguf-py's ``gguf.Keys``; the authorship keys, ``general.name`` among them,
+from the model card as gguf-py's ``gguf.Metadata`` reads it), llama.cpp's tensor names, and for
+``llama`` the rotary row permutation of ``q_proj``/``k_proj`` (convert_hf_to_gguf.py
+``LlamaModel.permute``; whole rows of blocks move, which is exact; Llama 3 rope scaling adds
+``rope_freqs.weight``), and a byte-level BPE ``tokenizer.json`` as llama.cpp's ``gpt2`` tokenizer
+keys (:mod:`.gguf_tokenizer`, ``tokenizer.ggml.pre`` included).  Anything else keeps its names,
+with ``general.architecture`` set from ``config.json``'s ``model_type`` when there is one.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -40,11 +45,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..container import TensorSpec
-from ..convert.gguf import _MXFP4_DOUBLED, KV_TENSOR_PREFIX, METADATA_KEY, PLAIN, TYPES, _Field, _Type, e8m0_half
+from ..convert.gguf import _MXFP4_DOUBLED, METADATA_KEY, PLAIN, TYPES, _Field, _Type, e8m0_half
 from ..convert.gguf_file import DEFAULT_ALIGNMENT, GGML_TYPES, MAX_DIMS
 from ..descriptor import Descriptor, Param
 from ..dtypes import storage_name
 from ..errors import error
+from . import gguf_tokenizer
 from .base import Context, ExportPlan, Mapped, Parts, Refusal, Target, compare, int_element, not_exact, require, row_groups, unmappable
 from .gguf_writer import TensorEntry, write_gguf
 
@@ -60,11 +66,9 @@ SYMMETRIC = (("Q4_0", -8, 7), ("Q5_0", -16, 15), ("Q8_0", -128, 127))
 AFFINE = (("Q4_1", 0, 15), ("Q5_1", 0, 31))
 #: gguf-py's MXFP4 values halved: E2M1 (code 8 is +0 in ggml).
 MXFP4_VALUES = _MXFP4_DOUBLED * np.float32(0.5)
-#: The most frequent ggml type of the 2-D weights -> general.file_type (gguf-py LlamaFileType).
-FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,
-              "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32, "MXFP4": 38}
-#: Hugging Face model_type -> (GGUF architecture, whether q/k rows are permuted for llama.cpp's rotary).
-ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False)}
+#: Hugging Face model_type -> (gguf-py ``MODEL_ARCH`` member, whether q/k rows are permuted for
+#: llama.cpp's rotary); the architecture written is ``gguf.MODEL_ARCH_NAMES`` of the member.
+ARCHITECTURES = {"llama": ("LLAMA", True), "mistral": ("LLAMA", True), "qwen2": ("QWEN2", False)}
 #: Hugging Face tensor names -> llama.cpp's (gguf-py tensor_mapping.py, MODEL_TENSOR names).
 HF_NAMES: tuple[tuple[str, str], ...] = (
     (r"model\.embed_tokens\.weight", "token_embd.weight"),
@@ -425,13 +429,15 @@ class _Model:
     permute: bool = False
     config: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None  # a reason every tensor is refused
+    recorded: dict[str, str] = field(default_factory=dict)  # "gguf": tensor name -> ggml type the source recorded
+    kv_tensors: frozenset[str] = frozenset()  # "gguf": tensors of older files holding large values (not exported)
 
     def rename(self, name: str) -> str | None:
         """The GGUF name of tensor ``name`` (None: not exported), or :class:`Refusal`."""
         if self.problem is not None:
             raise Refusal(self.problem)
         if self.mode == "gguf":
-            return None if name.startswith(KV_TENSOR_PREFIX) else name
+            return None if name in self.kv_tensors else name
         if self.mode != "hf":
             return name
         for pat in HF_SKIPPED:
@@ -456,44 +462,67 @@ class _Model:
         return rotary_permutation(shape[0], heads)
 
 
-def _gguf_metadata(ck: Any) -> dict[str, Any] | None:
+def gguf_metadata(ck: Any) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """The ``gguf`` metadata a converted GGUF file records (the parsed object and the ``__metadata__``
+    of the file holding it, where its large values are), or None."""
     if ck is None or ck.kind != "safetensors":
         return None
     for f in ck.files:
-        text = ck.metadata(f).get(METADATA_KEY)
+        meta = ck.metadata(f)
+        text = meta.get(METADATA_KEY)
         if text is not None:
             try:
                 obj = json.loads(text)
             except ValueError:
                 raise error("CONVERT_SOURCE_INVALID", f"{f}: __metadata__[{METADATA_KEY!r}] is not JSON") from None
             if isinstance(obj, dict) and isinstance(obj.get("kv"), dict):
-                return obj
+                return obj, dict(meta)
             raise error("CONVERT_SOURCE_INVALID", f"{f}: __metadata__[{METADATA_KEY!r}] has no kv object")
     return None
+
+
+def kv_tensor_names(meta: dict[str, Any]) -> frozenset[str]:
+    """Tensors in which files converted before the metadata members stored large values."""
+    return frozenset(str(v["tensor"]) for v in meta.get("kv", {}).values() if isinstance(v, dict) and "tensor" in v)
 
 
 def _model(ctx: Context) -> _Model:
     ck = ctx.checkpoint
     if getattr(ck, "kind", None) == "gguf":
         return _Model("plain", problem="the source is a GGUF file already; export reads qformat checkpoints (`qformat convert` it first)")
-    meta = _gguf_metadata(ck)
-    if meta is not None:
-        kvs = [(k, _restored(ctx, k, v)) for k, v in meta["kv"].items()]
-        order = [t[0] for t in meta.get("tensors", []) if isinstance(t, list) and t]
-        return _Model("gguf", kvs, int(meta.get("alignment", DEFAULT_ALIGNMENT)), order)
+    found = gguf_metadata(ck)
+    if found is not None:
+        meta, members = found
+        kvs = [(k, _restored(ctx, k, v, members)) for k, v in meta["kv"].items()]
+        recorded = {str(t[0]): str(t[1]) for t in meta.get("tensors", []) if isinstance(t, list) and len(t) >= 2}
+        return _Model("gguf", kvs, int(meta.get("alignment", DEFAULT_ALIGNMENT)), list(recorded), recorded=recorded,
+                      kv_tensors=kv_tensor_names(meta))
     cfg = ctx.config if isinstance(ctx.config, dict) else {}
     mt = cfg.get("model_type")
     if mt in ARCHITECTURES:
+        import gguf
+
         arch, permute = ARCHITECTURES[str(mt)]
-        model = _Model("hf", arch=arch, permute=permute, config=cfg)
+        model = _Model("hf", arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[arch]], permute=permute, config=cfg)
         model.problem = _unsupported_config(cfg)
         return model
     return _Model("plain", arch=str(mt) if isinstance(mt, str) else None, config=cfg)
 
 
-def _restored(ctx: Context, key: str, v: Any) -> dict[str, Any]:
-    """A KV as the converter recorded it: inline, or moved into its ``gguf.kv.<key>`` tensor."""
-    if isinstance(v, dict) and "tensor" in v:
+def _restored(ctx: Context, key: str, v: Any, members: dict[str, str]) -> dict[str, Any]:
+    """A KV as the converter recorded it: inline, in its own ``gguf.kv.<key>`` metadata member,
+    or (files converted before those members) in a ``gguf.kv.<key>`` tensor."""
+    if isinstance(v, dict) and "metadata" in v:
+        text = members.get(str(v["metadata"]))
+        if text is None:
+            raise error("CONVERT_SOURCE_INVALID", f"the GGUF key {key!r} is recorded in the metadata member {v['metadata']!r}, which the file lacks",
+                        field=f"gguf.kv[{key}]")
+        try:
+            v = json.loads(text)
+        except ValueError:
+            raise error("CONVERT_SOURCE_INVALID", f"the metadata member {v['metadata']!r} does not hold the JSON of the GGUF key {key!r}",
+                        field=str(v["metadata"])) from None
+    elif isinstance(v, dict) and "tensor" in v:
         raw = np.asarray(ctx.source.array(str(v["tensor"]))).view(np.uint8)
         try:
             v = json.loads(raw.tobytes().decode("utf-8"))
@@ -514,7 +543,7 @@ def _unsupported_config(cfg: dict[str, Any]) -> str | None:
         if not isinstance(cfg.get(k), int):
             return f"config.json has no integer {k}"
     rt = _rope_type(cfg)
-    if rt not in ("default", "linear", "llama3", None) or (rt == "llama3" and ARCHITECTURES[cfg["model_type"]][0] != "llama"):
+    if rt not in ("default", "linear", "llama3", None) or (rt == "llama3" and ARCHITECTURES[cfg["model_type"]][0] != "LLAMA"):
         return f"rope type {rt!r} (llama.cpp needs extra tensors or keys for it that this exporter does not write)"
     return None
 
@@ -561,185 +590,170 @@ def _f32(v: Any) -> dict[str, Any]:
     return {"type": "float32", "value": float(np.float32(v))}
 
 
-def _hf_kvs(model: _Model, entries: list[TensorEntry], name: str, ck: Any = None) -> list[tuple[str, dict[str, Any]]]:
+def _str(v: str) -> dict[str, Any]:
+    return {"type": "string", "value": v}
+
+
+def _hf_kvs(model: _Model, entries: list[TensorEntry], ck: Any, gguf_pre: str | None) -> list[tuple[str, dict[str, Any]]]:
     """The keys llama.cpp reads for a llama-family model (convert_hf_to_gguf.py's TextModel /
-    LlamaModel ``set_gguf_parameters``), from config.json."""
+    LlamaModel ``set_gguf_parameters``), from config.json; names from ``gguf.Keys``."""
+    import gguf
+
+    K = gguf.Keys
     cfg, a = model.config, str(model.arch)
     heads = int(cfg["num_attention_heads"])
     head_dim = _head_dim(cfg)
     rope = _rope(cfg)
     kv: list[tuple[str, dict[str, Any]]] = [
-        ("general.architecture", {"type": "string", "value": a}),
-        ("general.type", {"type": "string", "value": "model"}),
-        ("general.name", {"type": "string", "value": name}),
-        (f"{a}.block_count", _u32(cfg["num_hidden_layers"])),
+        (K.General.ARCHITECTURE, _str(a)),
+        (K.General.TYPE, _str(gguf.GGUFType.MODEL)),
+        *model_card_kvs(getattr(ck, "folder", None), sum(math.prod(e.shape) for e in entries)),
+        (K.LLM.BLOCK_COUNT.format(arch=a), _u32(cfg["num_hidden_layers"])),
     ]
     if cfg.get("max_position_embeddings"):
-        kv.append((f"{a}.context_length", _u32(cfg["max_position_embeddings"])))
-    kv.append((f"{a}.embedding_length", _u32(cfg["hidden_size"])))
+        kv.append((K.LLM.CONTEXT_LENGTH.format(arch=a), _u32(cfg["max_position_embeddings"])))
+    kv.append((K.LLM.EMBEDDING_LENGTH.format(arch=a), _u32(cfg["hidden_size"])))
     if cfg.get("intermediate_size"):
-        kv.append((f"{a}.feed_forward_length", _u32(cfg["intermediate_size"])))
-    kv.append((f"{a}.attention.head_count", _u32(heads)))
-    kv.append((f"{a}.attention.head_count_kv", _u32(cfg.get("num_key_value_heads") or heads)))
+        kv.append((K.LLM.FEED_FORWARD_LENGTH.format(arch=a), _u32(cfg["intermediate_size"])))
+    kv.append((K.Attention.HEAD_COUNT.format(arch=a), _u32(heads)))
+    kv.append((K.Attention.HEAD_COUNT_KV.format(arch=a), _u32(cfg.get("num_key_value_heads") or heads)))
     theta = cfg.get("rope_theta", rope.get("rope_theta"))
     if theta is not None:
-        kv.append((f"{a}.rope.freq_base", _f32(theta)))
+        kv.append((K.Rope.FREQ_BASE.format(arch=a), _f32(theta)))
     if cfg.get("rms_norm_eps") is not None:
-        kv.append((f"{a}.attention.layer_norm_rms_epsilon", _f32(cfg["rms_norm_eps"])))
+        kv.append((K.Attention.LAYERNORM_RMS_EPS.format(arch=a), _f32(cfg["rms_norm_eps"])))
     if cfg.get("head_dim"):
-        kv.append((f"{a}.attention.key_length", _u32(head_dim)))
-        kv.append((f"{a}.attention.value_length", _u32(head_dim)))
+        kv.append((K.Attention.KEY_LENGTH.format(arch=a), _u32(head_dim)))
+        kv.append((K.Attention.VALUE_LENGTH.format(arch=a), _u32(head_dim)))
     if rope.get("rope_type", rope.get("type")) == "linear":
-        kv.append((f"{a}.rope.scaling.type", {"type": "string", "value": "linear"}))
-        kv.append((f"{a}.rope.scaling.factor", _f32(rope["factor"])))
-    ft = _file_type(entries)
+        kv.append((K.Rope.SCALING_TYPE.format(arch=a), _str(gguf.RopeScalingType.LINEAR.value)))
+        kv.append((K.Rope.SCALING_FACTOR.format(arch=a), _f32(rope["factor"])))
+    ft = file_type_of(entries)
     if ft is not None:
-        kv.append(("general.file_type", _u32(ft)))
+        kv.append((K.General.FILE_TYPE, _u32(ft)))
     if cfg.get("vocab_size"):
-        kv.append((f"{a}.vocab_size", _u32(cfg["vocab_size"])))
-    kv.append((f"{a}.rope.dimension_count", _u32(head_dim)))
+        kv.append((K.LLM.VOCAB_SIZE.format(arch=a), _u32(cfg["vocab_size"])))
+    kv.append((K.Rope.DIMENSION_COUNT.format(arch=a), _u32(head_dim)))
     if any(e.ggml_type not in PLAIN_TYPES.values() for e in entries):
-        kv.append(("general.quantization_version", _u32(2)))
-    return kv + _tokenizer_kvs(ck, cfg.get("vocab_size"))
+        kv.append((K.General.QUANTIZATION_VERSION, _u32(gguf.GGML_QUANT_VERSION)))
+    return kv + gguf_tokenizer.tokenizer_kvs(ck, cfg.get("vocab_size"), gguf_pre)
 
 
-def _file_type(entries: list[TensorEntry]) -> int | None:
-    """general.file_type: the most frequent type of the 2-D tensors (llama.cpp's "mostly")."""
+def file_type(ggml_type: str) -> int | None:
+    """``general.file_type`` of a file mostly of ``ggml_type``: gguf-py's ``LlamaFileType``
+    ``MOSTLY_<type>`` (``ALL_F32`` for F32; the K-quants' ``_M`` mix and MXFP4's ``_MOE``, the
+    values llama.cpp guesses for them), or None when it has none."""
+    import gguf
+
+    for name in (f"MOSTLY_{ggml_type}", f"ALL_{ggml_type}", f"MOSTLY_{ggml_type}_M", f"MOSTLY_{ggml_type}_MOE"):
+        if name in gguf.LlamaFileType.__members__:
+            return int(gguf.LlamaFileType[name])
+    return None
+
+
+def file_type_of(entries: list[TensorEntry]) -> int | None:
+    """general.file_type: the most frequent type of the tensors of 2 or more axes (llama.cpp's
+    "mostly ..., except 1d tensors")."""
     count: dict[str, int] = {}
     for e in entries:
         if len(e.shape) >= 2:
             count[e.ggml_type] = count.get(e.ggml_type, 0) + 1
     if not count:
         return None
-    top = max(count, key=lambda k: count[k])
-    return FILE_TYPES.get(top)
+    return file_type(max(count, key=lambda k: count[k]))
 
 
-# -- the tokenizer -------------------------------------------------------------------------------------
-#: gguf-py TokenType values.
-NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
-SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
-_LOOKS_SPECIAL = ("<s>", "</s>", "<pad>", "<unk>", "<mask>", "<cls>", "<sep>")
+def _retyped(model: _Model, entries: list[TensorEntry]) -> list[tuple[str, dict[str, Any]]]:
+    """A GGUF source's KVs for the exported tensors: as recorded while every tensor keeps the type
+    the source recorded (so an unchanged round trip gives the same file), else with
+    ``general.file_type`` (and ``general.quantization_version``) for the types written now."""
+    import gguf
+
+    K = gguf.Keys.General
+    if all(model.recorded.get(e.name) == e.ggml_type for e in entries):
+        return model.kvs
+    kvs = list(model.kvs)
+    ft = file_type_of(entries)
+    if ft is not None:
+        kvs = _put(kvs, K.FILE_TYPE, _u32(ft))
+    if any(e.ggml_type not in PLAIN_TYPES.values() for e in entries) and all(k != K.QUANTIZATION_VERSION for k, _ in kvs):
+        kvs.append((K.QUANTIZATION_VERSION, _u32(gguf.GGML_QUANT_VERSION)))
+    return kvs
 
 
-def _tokenizer_kvs(ck: Any, vocab_size: int | None) -> list[tuple[str, dict[str, Any]]]:
-    """A byte-level BPE ``tokenizer.json`` (GPT-2 style: what gguf-py's ``BpeVocab`` accepts) as
-    llama.cpp's ``gpt2`` tokenizer keys, as convert_hf_to_gguf.py ``_set_vocab_gpt2`` and gguf-py's
-    ``SpecialVocab`` write them: tokens by id (``[PAD<i>]`` for unused ids), their types, the
-    merges, the special token ids, ``add_<type>_token`` and the chat template.  No keys when
-    there is no such tokenizer (a SentencePiece one included).  ``tokenizer.ggml.pre`` is not
-    written: llama.cpp derives it from a hash of the tokenizer's output, which needs the
-    tokenizer itself; it then uses its default pre-tokenizer."""
-    tj = ck.side_json("tokenizer.json") if ck is not None and ck.kind == "safetensors" else None
-    if not isinstance(tj, dict):
-        return []
-    model = tj.get("model") or {}
-    decoder = tj.get("decoder") or {}
-    if model.get("type") != "BPE" or model.get("byte_fallback") or decoder.get("type") != "ByteLevel" or not isinstance(model.get("vocab"), dict):
-        return []
-    added = [a for a in tj.get("added_tokens") or [] if isinstance(a, dict) and isinstance(a.get("id"), int)]
-    by_id: dict[int, tuple[str, int]] = {int(i): (str(t), NORMAL) for t, i in model["vocab"].items()}
-    for a in added:
-        text = str(a.get("content", ""))
-        special = bool(a.get("special")) or (text.startswith("<|") and text.endswith("|>")) or text in _LOOKS_SPECIAL
-        by_id[a["id"]] = (text, CONTROL) if special else (text.replace("\u2581", " "), USER_DEFINED)
-    n = max(vocab_size or 0, max(by_id) + 1 if by_id else 0)
-    tokens = [by_id.get(i, (f"[PAD{i}]", UNUSED)) for i in range(n)]
-    kv: list[tuple[str, dict[str, Any]]] = [
-        ("tokenizer.ggml.model", {"type": "string", "value": "gpt2"}),
-        ("tokenizer.ggml.tokens", {"type": "array", "element_type": "string", "value": [t for t, _ in tokens]}),
-        ("tokenizer.ggml.token_type", {"type": "array", "element_type": "int32", "value": [k for _, k in tokens]}),
-    ]
-    merges = _merges(model.get("merges"))
-    if merges:
-        kv.append(("tokenizer.ggml.merges", {"type": "array", "element_type": "string", "value": merges}))
-    kv += _special_kvs(ck, tj, added, n)
-    return kv
+def _put(kvs: list[tuple[str, dict[str, Any]]], key: str, value: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """``kvs`` with ``key`` set to ``value``: in its place when present, else appended."""
+    if any(k == key for k, _ in kvs):
+        return [(k, value if k == key else v) for k, v in kvs]
+    return kvs + [(key, value)]
 
 
-def _merges(m: Any) -> list[str]:
-    """BPE merges as ``"a b"`` strings (the pair form of newer tokenizers with a space inside a
-    part encoded as U+0120... as gguf-py does: ``chr(ord(" ") + 256)``)."""
-    if not isinstance(m, list) or not m:
-        return []
-    if isinstance(m[0], str):
-        return [str(x) for x in m]
-    return [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part) for part in pair) for pair in m]
+def model_card_kvs(folder: str | None, total_params: int = 0) -> list[tuple[str, dict[str, Any]]]:
+    """The authorship keys llama.cpp's converter writes (``general.name``, ``basename``,
+    ``size_label``, ``license``, ``tags``, ``base_model.*`` ...): gguf-py's ``gguf.Metadata``
+    heuristics over the folder's model card (``README.md`` front matter) and ``config.json``
+    (``_name_or_path``), written by its ``set_gguf_meta_model``.  Unlike the converter, the folder's
+    own name is not used (a qformat output folder's name says nothing about the model): without a
+    name from those, the card's first ``# Title`` is the name, else there is no ``general.name``."""
+    from pathlib import Path
 
+    import gguf
 
-def _content(entry: Any) -> Any:
-    return entry.get("content") if isinstance(entry, dict) else entry
-
-
-def _template_adds(tj: dict[str, Any], tc: dict[str, Any]) -> dict[str, bool]:
-    """Whether the post-processor's single-sequence template adds BOS first / EOS last (the
-    simple reading gguf-py's ``SpecialVocab`` makes of ``TemplateProcessing``)."""
-    pp = tj.get("post_processor") or {}
-    out: dict[str, bool] = {}
-    for proc in pp.get("processors", [pp]) if isinstance(pp, dict) else []:
-        single = proc.get("single") if isinstance(proc, dict) and proc.get("type") == "TemplateProcessing" else None
-        if not isinstance(single, list) or len(single) < 2:
+    path = Path(folder) if folder else None
+    try:
+        card = gguf.Metadata.load_model_card(path)
+    except Exception as e:  # noqa: BLE001 - yaml's errors (a broken front matter), or not UTF-8
+        raise error("CONVERT_SOURCE_INVALID", f"README.md: the model card cannot be read (gguf-py's Metadata, as llama.cpp's converter reads it): "
+                    f"{type(e).__name__}: {e}", field="README.md") from None
+    meta = gguf.Metadata.apply_metadata_heuristic(gguf.Metadata(), card, gguf.Metadata.load_hf_parameters(path), None, total_params)
+    if meta.name is None:
+        meta.name = _card_title(path)
+    named = meta.name is not None
+    if not named:
+        meta.name = ""  # set_gguf_meta_model needs one; dropped below
+    w = gguf.GGUFWriter(path=None, arch="")
+    meta.set_gguf_meta_model(w)
+    out: list[tuple[str, dict[str, Any]]] = []
+    for key, v in w.kv_data[0].items():
+        if key == gguf.Keys.General.ARCHITECTURE or (key == gguf.Keys.General.NAME and not named):
             continue
-        first = (single[0].get("SpecialToken") or {}).get("id") if isinstance(single[0], dict) else None
-        last = (single[-1].get("SpecialToken") or {}).get("id") if isinstance(single[-1], dict) else None
-        if first:
-            out["bos"] = first in (_content(tc.get("bos_token")), _content(tc.get("cls_token")))
-        if last:
-            out["eos"] = last == _content(tc.get("eos_token"))
-        sep = _pair_sep(proc.get("pair"), first, last, (_content(tc.get("sep_token")), _content(tc.get("eos_token"))))
-        if sep is not None:
-            out["sep"] = sep
+        item = _writer_value(v)
+        if item is not None:
+            out.append((key, item))
     return out
 
 
-def _pair_sep(pair: Any, first: Any, last: Any, seps: tuple[Any, Any]) -> bool | None:
-    """``A [sep] B`` in the pair template: whether a separator (sep or eos) joins the two
-    sequences (None: the template does not say)."""
-    if not isinstance(pair, list) or not pair or not all(isinstance(p, dict) for p in pair):
+def _card_title(path: Any) -> str | None:
+    """The first ``# Title`` line of a model card (after its front matter)."""
+    if path is None or not (path / "README.md").is_file():
         return None
-
-    def special(p: dict[str, Any]) -> Any:
-        return (p.get("SpecialToken") or {}).get("id")
-
-    start = 1 if first and special(pair[0]) == first else 0
-    stop = -1 if last and special(pair[-1]) == last else None
-    body = pair[start:stop]
-    if not body or (body[0].get("Sequence") or {}).get("id") != "A" or (body[-1].get("Sequence") or {}).get("id") != "B" or len(body) < 3:
+    try:
+        lines = (path / "README.md").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
         return None
-    mid = body[1:-1]
-    known = [s for s in seps if s]
-    add = bool(special(mid[0]) in known and not last)
-    if len(mid) == 2 and special(mid[1]) in known:
-        add = True
-    return add
+    if lines and lines[0] == "---":
+        end = next((i for i, line in enumerate(lines[1:], 1) if line == "---"), len(lines))
+        lines = lines[end + 1 :]
+    for line in lines:
+        m = re.fullmatch(r"#\s+(.*?)\s*#*\s*", line)
+        if m and m.group(1):
+            return m.group(1)
+    return None
 
 
-def _special_kvs(ck: Any, tj: dict[str, Any], added: list[dict[str, Any]], n: int) -> list[tuple[str, dict[str, Any]]]:
-    """Special token ids (tokenizer_config.json's ``<type>_token`` looked up among the added
-    tokens, then config.json's ``<type>_token_id``), ``add_<type>_token`` and the chat template."""
-    tc = ck.side_json("tokenizer_config.json")
-    tc = tc if isinstance(tc, dict) else {}
-    cfg = ck.config if isinstance(ck.config, dict) else {}
-    ids: dict[str, int] = {}
-    adds: dict[str, bool] = {}
-    for typ in SPECIAL_TYPES:
-        content = _content(tc.get(f"{typ}_token"))
-        if isinstance(content, str):
-            tid = next((a["id"] for a in added if a.get("content") == content), None)
-            if isinstance(tid, int) and 0 <= tid < n:
-                ids[typ] = tid
-        if isinstance(tc.get(f"add_{typ}_token"), bool):
-            adds[typ] = bool(tc[f"add_{typ}_token"])
-    adds.update({k: v for k, v in _template_adds(tj, tc).items() if k not in adds})
-    for typ in SPECIAL_TYPES:
-        tid = cfg.get(f"{typ}_token_id")
-        if typ not in ids and isinstance(tid, int) and 0 <= tid < n:
-            ids[typ] = tid
-    kv: list[tuple[str, dict[str, Any]]] = [(f"tokenizer.ggml.{t}_token_id", _u32(i)) for t, i in ids.items()]
-    kv += [(f"tokenizer.ggml.add_{t}_token", {"type": "bool", "value": v}) for t, v in adds.items()]
-    if isinstance(tc.get("chat_template"), str):
-        kv.append(("tokenizer.chat_template", {"type": "string", "value": tc["chat_template"]}))
-    return kv
+def _writer_value(v: Any) -> dict[str, Any] | None:
+    """A gguf-py ``GGUFValue`` in the JSON form the writer takes (empty arrays left out: gguf-py
+    cannot write them either)."""
+    import gguf
+
+    t = gguf.GGUFValueType(v.type)
+    if t != gguf.GGUFValueType.ARRAY:
+        return {"type": t.name.lower(), "value": v.value}
+    items = list(v.value)
+    if not items:
+        return None
+    sub = gguf.GGUFValueType(v.sub_type) if v.sub_type is not None else gguf.GGUFValueType.get_type(items[0])
+    return {"type": "array", "element_type": sub.name.lower(), "value": items}
 
 
 # -- the target --------------------------------------------------------------------------------------
@@ -758,6 +772,8 @@ class GGUF(Target):
     def model(self, ctx: Context) -> _Model:
         m = self._models.get(id(ctx))
         if m is None:
+            if ctx.options.get("gguf_pre") is not None:  # a bad name fails before any tensor is planned
+                gguf_tokenizer.check_pre_name(ctx.options["gguf_pre"])
             m = self._models[id(ctx)] = _model(ctx)
         return m
 
@@ -790,6 +806,29 @@ class GGUF(Target):
         bits = 4 if el.type == "int" and el.bits <= 4 else 8
         return "int", {"bits": bits, "group_size": 32, "symmetric": True, "scale_dtype": "float16"}
 
+    def kvs(self, entries: list[TensorEntry], ctx: Context) -> list[tuple[str, dict[str, Any]]]:
+        """The file's key/values: a GGUF source's own (``general.file_type`` following the types
+        written), a llama-family checkpoint's from config.json, model card and tokenizer, else the
+        architecture alone.  The ``gguf_pre`` option sets ``tokenizer.ggml.pre``."""
+        import gguf
+
+        model = self.model(ctx)
+        pre = ctx.options.get("gguf_pre")
+        if pre is not None:
+            pre = gguf_tokenizer.check_pre_name(pre)
+        if model.mode == "gguf":
+            kvs = _retyped(model, entries)
+            if pre is not None:
+                require_option(any(k == gguf.Keys.Tokenizer.MODEL for k, _ in kvs), "the GGUF source has no tokenizer")
+                kvs = _put(kvs, gguf.Keys.Tokenizer.PRE, _str(str(pre)))
+            return kvs
+        if model.mode == "hf":
+            kvs = _hf_kvs(model, entries, ctx.checkpoint, pre)
+            require_option(pre is None or any(k == gguf.Keys.Tokenizer.PRE for k, _ in kvs), "the checkpoint has no byte-level BPE tokenizer.json")
+            return kvs
+        require_option(pre is None, "only llama-family checkpoints (config.json model_type llama, mistral, qwen2) get tokenizer keys")
+        return [(gguf.Keys.General.ARCHITECTURE, _str(model.arch))] if model.arch else []
+
     def write(self, dst: str, plan: ExportPlan, ctx: Context) -> list[str]:
         from ..checkpoint import output as out_
         from ..checkpoint.writer import check_destination
@@ -809,12 +848,7 @@ class GGUF(Target):
         if model.mode == "hf" and _rope_type(model.config) == "llama3":
             factors = llama3_rope_factors(model.config)  # llama.cpp's Llama 3 rope scaling is this tensor
             entries.insert(0, TensorEntry("rope_freqs.weight", "F32", factors.shape, lambda: factors))
-        if model.mode == "gguf":
-            kvs = model.kvs
-        elif model.mode == "hf":
-            kvs = _hf_kvs(model, entries, str(model.config.get("_name_or_path") or _basename(ctx)), ctx.checkpoint)
-        else:
-            kvs = [("general.architecture", {"type": "string", "value": model.arch})] if model.arch else []
+        kvs = self.kvs(entries, ctx)
         bar = out_.ByteProgress(sum(e.nbytes for e in entries), ctx.options.get("progress"), "export gguf")
         release = getattr(ctx.checkpoint, "release", None)
 
@@ -830,8 +864,8 @@ class GGUF(Target):
         return [dst]
 
 
-def _basename(ctx: Context) -> str:
-    import os
-
-    p = getattr(ctx.checkpoint, "path", "") or ""
-    return os.path.splitext(os.path.basename(p.rstrip("/")))[0] or "model"
+def require_option(ok: bool, why: str) -> None:
+    """The ``gguf_pre`` option must have something to apply to (an option that does nothing is an
+    error, not silently ignored)."""
+    if not ok:
+        raise error("EXPORT_OPTION_INVALID", f"gguf: --gguf-pre was given but {why}", field="gguf_pre")

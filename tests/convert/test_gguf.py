@@ -202,7 +202,7 @@ def test_plain_tensors(tmp_path: Path) -> None:
 
 # -- metadata ------------------------------------------------------------------------------------
 def test_metadata_kept(tmp_path: Path) -> None:
-    """Every KV pair lands in __metadata__["gguf"]; a huge array moves into a gguf.kv.* tensor."""
+    """Every KV pair lands in __metadata__["gguf"]; a huge array gets its own gguf.kv.* member."""
     tokens = [f"tok{i}\u00e9" for i in range(8000)]  # > 64 KiB of JSON
     assert len(json.dumps(tokens)) > MAX_INLINE_VALUE_BYTES
     kv = [
@@ -239,10 +239,46 @@ def test_metadata_kept(tmp_path: Path) -> None:
     assert got["t.nested"] == {"type": "array", "element_type": "array", "value": [
         {"type": "array", "element_type": "int32", "value": [1, 2]}, {"type": "array", "element_type": "int32", "value": [3]}]}
     stub = got["tokenizer.ggml.tokens"]
-    assert stub["tensor"] == "gguf.kv.tokenizer.ggml.tokens" and stub["length"] == len(tokens)
-    plain = qformat.load_file(paths["in_place"])["gguf.kv.tokenizer.ggml.tokens"]
-    moved = json.loads(plain.tobytes().decode("utf-8"))
-    assert moved["value"] == reader.fields["tokenizer.ggml.tokens"].contents()
+    assert stub == {"type": "array", "element_type": "string", "length": len(tokens), "metadata": "gguf.kv.tokenizer.ggml.tokens",
+                    "bytes": stub["bytes"]}
+    member = read_header(paths["in_place"]).metadata["gguf.kv.tokenizer.ggml.tokens"]
+    assert stub["bytes"] == len(member.encode("utf-8"))
+    moved = json.loads(member)
+    assert moved["type"] == "array" and moved["value"] == reader.fields["tokenizer.ggml.tokens"].contents()
+    assert set(qformat.load_file(paths["in_place"])) == {"w"}  # the model's tensors, nothing else
+
+
+def test_metadata_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Key/values that would take more header than MAX_METADATA_BYTES are refused, naming the
+    largest, and nothing is written (the bound is lowered here instead of writing 64 MiB)."""
+    import qformat.convert.gguf as cg
+
+    tokens = [f"tok{i}" for i in range(20000)]
+    src = write_gguf(tmp_path / "m.gguf", [("w", np.ones(32, np.float32), None)], kv=[lambda w: w.add_array("tokenizer.ggml.tokens", tokens)])
+    need = sum(cg.header_bytes(k, t) for k, t in cg._metadata(cg.GGUFFile(str(src))).items())
+    assert need > cg.MAX_INLINE_VALUE_BYTES
+    monkeypatch.setattr(cg, "MAX_METADATA_BYTES", need - 1)
+    with pytest.raises(QFormatError) as e:
+        qformat.convert.convert(src, tmp_path / "o.safetensors")
+    assert e.value.code == "CONVERT_UNSUPPORTED" and "gguf.kv.tokenizer.ggml.tokens" in str(e.value)
+    assert not (tmp_path / "o.safetensors").exists()
+    monkeypatch.setattr(cg, "MAX_METADATA_BYTES", need)
+    qformat.convert.convert(src, tmp_path / "o.safetensors")
+    header = read_header(tmp_path / "o.safetensors")
+    members = {k: v for k, v in header.metadata.items() if k.startswith("gguf")}
+    assert sum(cg.header_bytes(k, v) for k, v in members.items()) == need
+    raw = (tmp_path / "o.safetensors").read_bytes()
+    raw = raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]]
+    for k, v in members.items():  # header_bytes counts each member as the header holds it
+        assert (json.dumps(k, ensure_ascii=False) + ":" + json.dumps(v, ensure_ascii=False)).encode("utf-8") in raw
+
+
+def test_metadata_bound_leaves_room_in_the_header() -> None:
+    """The bound leaves over a third of safetensors' 100 MB header to the tensor index and descriptors."""
+    from qformat import tables
+    from qformat.convert.gguf import MAX_METADATA_BYTES
+
+    assert MAX_METADATA_BYTES <= tables.limits()["max_header_bytes"] * 2 // 3
 
 
 # -- unsupported and hostile files ---------------------------------------------------------------

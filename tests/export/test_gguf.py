@@ -131,7 +131,10 @@ def test_round_trip_every_type_byte_for_byte(tmp_path: Path) -> None:
                 ("h.bf16", bf, T.BF16), ("h.f64", rng.standard_normal(3), None), ("h.i32", np.arange(-3, 3, dtype=np.int32), None),
                 ("h.i8", np.arange(-4, 4, dtype=np.int8), None)]
     src, mid, out = _round_trip(tmp_path, tensors)
-    assert any(n.startswith("gguf.kv.") for n in qformat.load_file(mid))  # the large value went through a tensor
+    from qformat.container import read_header
+
+    assert "gguf.kv.tokenizer.ggml.tokens" in read_header(mid).metadata  # the large value went through its own member
+    assert not any(n.startswith("gguf.kv.") for n in qformat.load_file(mid))  # ... and the tensors are the model's
     assert _tensors(out) == _tensors(src)
     assert _kvs(out) == _kvs(src)
     assert out.read_bytes() == src.read_bytes()
@@ -321,11 +324,16 @@ def test_tiny_llama(tmp_path: Path) -> None:
     _bpe_tokenizer(tmp_path / "hf")
     qformat.quantize_checkpoint(tmp_path / "hf", tmp_path / "q", scheme="int", bits=4, group_size=32, scale_dtype="float16")
     out = tmp_path / "llama.gguf"
-    rep = export(tmp_path / "q", out, to="gguf")
+    # the tokenizer trained here is in no llama.cpp table: no pre-tokenizer is guessed, nothing is written
+    with pytest.raises(QFormatError) as e:
+        export(tmp_path / "q", out, to="gguf")
+    assert e.value.code == "EXPORT_TOKENIZER_UNKNOWN" and "--gguf-pre" in str(e.value) and not out.exists()
+    rep = export(tmp_path / "q", out, to="gguf", gguf_pre="gpt-2")
     assert rep.to_dict()["exact"] is True and rep.kinds()["Q4_0"] == 14  # 7 linear layers x 2 blocks
     r = gguf.GGUFReader(out)
     kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    assert kv["general.architecture"] == "llama"
+    assert kv["general.architecture"] == "llama" and kv["tokenizer.ggml.pre"] == "gpt-2"
+    assert "general.name" not in kv  # no model card, no _name_or_path: not the folder's name ("q")
     want = {"llama.block_count": 2, "llama.context_length": 256, "llama.embedding_length": 128, "llama.feed_forward_length": 256,
             "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2, "llama.rope.dimension_count": 32,
             "llama.vocab_size": 300, "general.file_type": int(gguf.LlamaFileType.MOSTLY_Q4_0), "general.quantization_version": 2}
@@ -360,10 +368,13 @@ def test_tiny_llama(tmp_path: Path) -> None:
     assert want_types.count(int(gguf.TokenType.CONTROL)) == 2
     sv = SpecialVocab(tmp_path / "hf", load_merges=True, n_vocab=300)
     assert sv.merges and kv["tokenizer.ggml.merges"] == sv.merges
-    assert {t: kv[f"tokenizer.ggml.{t}_token_id"] for t in sv.special_token_ids} == sv.special_token_ids
+    TK = gguf.Keys.Tokenizer
+    ids = {"bos": TK.BOS_ID, "eos": TK.EOS_ID, "unk": TK.UNK_ID, "sep": TK.SEP_ID, "pad": TK.PAD_ID, "mask": TK.MASK_ID}
+    assert {t: kv[ids[t]] for t in sv.special_token_ids} == sv.special_token_ids
     assert sv.special_token_ids["bos"] == want_tokens.index(SPECIAL[0])
-    assert {t: kv[f"tokenizer.ggml.add_{t}_token"] for t in sv.add_special_token} == sv.add_special_token == {"bos": True, "sep": False}
-    assert kv["tokenizer.chat_template"] == sv.chat_template
+    adds = {"bos": TK.ADD_BOS, "eos": TK.ADD_EOS, "sep": TK.ADD_SEP}
+    assert {t: kv[adds[t]] for t in sv.add_special_token} == sv.add_special_token == {"bos": True, "sep": False}
+    assert kv[TK.CHAT_TEMPLATE] == sv.chat_template
 
 
 # -- equivalent descriptors from other origins ---------------------------------------------------------
@@ -494,3 +505,181 @@ def test_llama3_rope_scaling_writes_rope_freqs(tmp_path: Path) -> None:
     with pytest.raises(QFormatError) as e:
         export(folder, tmp_path / "p.gguf", to="gguf")
     assert e.value.code == "EXPORT_UNMAPPABLE" and "yarn" in str(e.value)
+
+
+# -- key names, model card, file type, older conversions -------------------------------------------------------
+def _gguf_py_key(key: str, arch: str) -> bool:
+    """Whether ``key`` is one of gguf-py's ``gguf.Keys`` (a templated one formatted for ``arch``,
+    ids and template names filled in)."""
+    import re
+
+    names: list[str] = []
+
+    def walk(cls: type) -> None:
+        for k, v in vars(cls).items():
+            if isinstance(v, type):
+                walk(v)
+            elif isinstance(v, str) and not k.startswith("_"):
+                names.append(v)
+
+    walk(gguf.Keys)
+    for n in names:
+        if "{" not in n:
+            if key == n:
+                return True
+            continue
+        pat = re.escape(n).replace(r"\{arch\}", re.escape(arch)).replace(r"\{id\}", r"\d+").replace(r"\{name\}", r"[A-Za-z0-9_]+")
+        if "{" not in pat.replace(r"\{", "") and re.fullmatch(pat, key):
+            return True
+    return False
+
+
+def _hf_folder(folder: Path, cfg: dict, card: str | None = None, config_extra: dict | None = None) -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dict(cfg, **(config_extra or {}))))
+    if card is not None:
+        (folder / "README.md").write_text(card, encoding="utf-8")
+    qformat.save_file({"model.norm.weight": np.ones(cfg["hidden_size"], np.float32),
+                       "model.layers.0.mlp.up_proj.weight": qformat.quantize(np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32), "int", **INT4)},
+                      folder / "model.safetensors")
+    return folder
+
+
+CFG = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
+       "intermediate_size": 64, "rms_norm_eps": 1e-5, "vocab_size": 300, "max_position_embeddings": 64, "head_dim": 16,
+       "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+CARD = """---
+name: Tiny Llama Test
+license: apache-2.0
+base_model: meta-llama/Llama-3.2-1B
+tags: [test, tiny]
+language: [en]
+---
+# Ignored Title
+"""
+
+
+def _metadata_oracle(folder: Path, total: int) -> dict:
+    """The general.* keys llama.cpp's converter writes for the folder: gguf-py's ``Metadata.load``
+    and ``set_gguf_meta_model`` (the folder is named ``m``, which its name heuristics ignore)."""
+    m = gguf.Metadata.load(None, folder, None, total)
+    w = gguf.GGUFWriter(path=None, arch="llama")
+    m.set_gguf_meta_model(w)
+    return {k: v.value for k, v in w.kv_data[0].items() if k != gguf.Keys.General.ARCHITECTURE}
+
+
+def _general(path: Path) -> dict:
+    r = gguf.GGUFReader(path)
+    return {k: f.contents() for k, f in r.fields.items() if k.startswith("general.")
+            and k not in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.TYPE, gguf.Keys.General.FILE_TYPE, gguf.Keys.General.QUANTIZATION_VERSION)}
+
+
+@pytest.mark.parametrize("card,extra,name", [
+    (CARD, None, "Tiny Llama Test"),
+    (None, {"_name_or_path": "acme/SuperLM-1B-Instruct-v2"}, "SuperLM 1B Instruct v2"),
+    ("# My Great Model\n\nText.\n", None, "My Great Model"),
+], ids=["front-matter", "name-or-path", "title"])
+def test_general_name_from_the_model_card(card: str | None, extra: dict | None, name: str, tmp_path: Path) -> None:
+    folder = _hf_folder(tmp_path / "m", CFG, card, extra)
+    out = tmp_path / "o.gguf"
+    export(folder, out, to="gguf")
+    got = _general(out)
+    assert got[gguf.Keys.General.NAME] == name
+    if card is None or card.startswith("---"):  # what gguf-py's Metadata gives, key for key
+        total = sum(int(np.prod(t.shape)) for t in gguf.GGUFReader(out).tensors)
+        assert got == _metadata_oracle(folder, total)
+
+
+def test_every_key_written_is_a_gguf_py_key(tmp_path: Path) -> None:
+    folder = _hf_folder(tmp_path / "m", CFG, CARD)
+    _bpe_tokenizer(folder)
+    (folder / "chat_template.jinja").write_text("{{ messages }}")
+    (folder / "additional_chat_templates").mkdir()
+    (folder / "additional_chat_templates" / "tool_use.jinja").write_text("{{ tools }}")
+    tc = json.loads((folder / "tokenizer_config.json").read_text())
+    del tc["chat_template"]
+    tc.update(unk_token=SPECIAL[1], pad_token=SPECIAL[1], sep_token=SPECIAL[1])
+    (folder / "tokenizer_config.json").write_text(json.dumps(tc))
+    out = tmp_path / "o.gguf"
+    export(folder, out, to="gguf", gguf_pre="default")
+    keys = [k for k in gguf.GGUFReader(out).fields if not k.startswith("GGUF.")]
+    assert len(keys) > 30 and "tokenizer.chat_template.tool_use" in keys and "general.base_model.0.name" in keys
+    assert [k for k in keys if not _gguf_py_key(k, "llama")] == []
+    assert not _gguf_py_key("tokenizer.ggml.unk_token_id", "llama")  # the helper does refuse what gguf-py lacks
+
+
+def _gguf_f32_source(tmp_path: Path) -> tuple[Path, Path]:
+    """A GGUF file of F32 weights recording general.file_type ALL_F32, and its conversion."""
+    rng = np.random.default_rng(8)
+    tensors = [("token_embd.weight", rng.standard_normal((16, 64)).astype(np.float32), None),
+               ("blk.0.ffn_up.weight", rng.standard_normal((8, 64)).astype(np.float32), None),
+               ("blk.0.ffn_down.weight", rng.standard_normal((64, 32)).astype(np.float32), None),
+               ("output_norm.weight", rng.standard_normal(64).astype(np.float32), None)]
+    src = write_gguf(tmp_path / "src.gguf", tensors, kv=[lambda w: w.add_file_type(int(gguf.LlamaFileType.ALL_F32)),
+                                                         lambda w: w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(9000)])])
+    mid = tmp_path / "mid.safetensors"
+    convert(src, mid)
+    return src, mid
+
+
+def test_gguf_source_file_type_follows_the_written_types(tmp_path: Path) -> None:
+    from qformat.container import read_header
+
+    src, mid = _gguf_f32_source(tmp_path)
+    same = tmp_path / "same.gguf"
+    export(mid, same, to="gguf")
+    assert same.read_bytes() == src.read_bytes()  # unchanged types: the same file
+    # the same checkpoint with its two block weights quantized (int4 g32: Q4_0)
+    values = qformat.load_file(mid)
+    meta = {k: v for k, v in read_header(mid).metadata.items() if k.startswith("gguf")}
+    tensors = {n: (qformat.quantize(v, "int", **INT4) if n.startswith("blk.") else v) for n, v in values.items()}
+    q = tmp_path / "q.safetensors"
+    qformat.save_file(tensors, q, metadata=meta)
+    out = tmp_path / "q.gguf"
+    export(q, out, to="gguf")
+    r, before = gguf.GGUFReader(out), gguf.GGUFReader(src)
+    assert [t.name for t in r.tensors] == [t.name for t in before.tensors]  # the source's order
+    assert {t.name: t.tensor_type.name for t in r.tensors} == {"token_embd.weight": "F32", "blk.0.ffn_up.weight": "Q4_0",
+                                                            "blk.0.ffn_down.weight": "Q4_0", "output_norm.weight": "F32"}
+    got = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    was = {k: f.contents() for k, f in before.fields.items() if not k.startswith("GGUF.")}
+    assert got.pop(gguf.Keys.General.FILE_TYPE) == int(gguf.LlamaFileType.MOSTLY_Q4_0)
+    assert got.pop(gguf.Keys.General.QUANTIZATION_VERSION) == gguf.GGML_QUANT_VERSION
+    was.pop(gguf.Keys.General.FILE_TYPE)
+    assert got == was  # every other key as the source had it
+
+
+def test_older_conversions_with_kv_tensors_still_export(tmp_path: Path) -> None:
+    """Files converted before the metadata members stored large values as U8 tensors
+    ``gguf.kv.<key>``: they export to the same GGUF file, those tensors not written as tensors,
+    and inspect does not count them as model tensors."""
+    from safetensors.numpy import load_file, save_file
+
+    from qformat.container import read_header
+    from qformat.inspection import inspect_checkpoint
+
+    src, mid = _gguf_f32_source(tmp_path)
+    meta = dict(read_header(mid).metadata)
+    obj = json.loads(meta["gguf"])
+    arrays = load_file(mid)
+    for key, stub in obj["kv"].items():  # the older form: the member's JSON as a U8 tensor, the stub naming it
+        if isinstance(stub, dict) and "metadata" in stub:
+            arrays[stub["metadata"]] = np.frombuffer(meta.pop(stub["metadata"]).encode("utf-8"), np.uint8).copy()
+            obj["kv"][key] = {k: v for k, v in stub.items() if k != "metadata"} | {"tensor": stub["metadata"]}
+    meta["gguf"] = json.dumps(obj)
+    old = tmp_path / "old.safetensors"
+    save_file(arrays, old, metadata=meta)
+    assert "gguf.kv.tokenizer.ggml.tokens" in load_file(old)
+    out = tmp_path / "old.gguf"
+    export(old, out, to="gguf")
+    assert out.read_bytes() == src.read_bytes()
+    a, b = inspect_checkpoint(old), inspect_checkpoint(mid)
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors] and a.totals() == b.totals()
+    assert a.gguf["kv_tensors"] == ["gguf.kv.tokenizer.ggml.tokens"] and a.gguf["tokenizer"]["vocab_size"] == 9000
+
+
+def test_a_broken_model_card_is_refused(tmp_path: Path) -> None:
+    folder = _hf_folder(tmp_path / "m", CFG, "---\nname: [unclosed\n---\n")
+    with pytest.raises(QFormatError) as e:
+        export(folder, tmp_path / "o.gguf", to="gguf")
+    assert e.value.code == "CONVERT_SOURCE_INVALID" and "README.md" in str(e.value) and not (tmp_path / "o.gguf").exists()
