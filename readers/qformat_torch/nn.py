@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
@@ -29,11 +30,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import qformat
+from qformat.errors import raise_first
 
 from .dtypes import LOGICAL_TORCH, STORAGE_TORCH, int_view_dtype, storage_name, torch_to_numpy
 from . import kernels
 from .decode import decode
 from .io import safe_open, save_file
+from .mismatch import Mismatch
 from .qtensor import TorchQTensor
 from .sources import TensorSource
 
@@ -272,37 +275,98 @@ def load_model(model: nn.Module, path: str | os.PathLike[str], *, device: Any = 
     A quantized ``<module>.weight`` whose module is an ``nn.Linear`` (or a QLinear) replaces that
     module by a QLinear holding the packed components on the module's device (or ``device``);
     any other quantized tensor is decoded into its parameter; plain tensors load as usual.
-    With ``strict``, names the model lacks or leaves unfilled raise RuntimeError.  Returns the
-    model (a bare Linear comes back as a QLinear).
+
+    Everything is planned and read before the model is touched.  A shape that differs (a
+    quantized weight against its Linear, any tensor against its parameter or buffer) is
+    LOAD_MISMATCH; with ``strict`` so are file tensors the model has no place for and state_dict
+    entries the file does not fill (a parameter tied to one the file fills counts as filled).
+    The error names the first few on each side; the model is left as it was.  Returns the model
+    (a bare Linear comes back as a QLinear).
     """
-    plain: dict[str, torch.Tensor] = {}
-    replaced: set[str] = set()
+    plan = _plan_load(model, path, device)
+    found = Mismatch(plan.unused, plan.missing, plan.shapes) if strict else Mismatch(shapes=plan.shapes)
+    if found:
+        names = found.unused or found.missing
+        hint = "load_model(..., strict=False) loads what matches and skips the rest (shapes must still match)" if names else ""
+        raise found.error(type(model).__name__, hint)
+    with safe_open(path) as f:  # every read (and decode) before the first change to the model
+        plain = {key: f.get_tensor(key) for key in plan.plain}
+        packed = {}
+        for modname, (key, dev) in plan.qlinear.items():
+            prefix = key + "."
+            packed[modname] = f.get_qtensor(key).renamed(lambda c, p=prefix: c[len(p):] if c.startswith(p) else c).to(dev)
     root: nn.Module = model
-    with safe_open(path) as f:
-        for key in f.keys():
-            modname, _, attr = key.rpartition(".")
-            try:
-                mod = root.get_submodule(modname) if modname else root
-            except AttributeError:
-                mod = None
-            if f.is_quantized(key) and attr == "weight" and isinstance(mod, nn.Linear | QLinear):
-                if isinstance(mod, QLinear):
-                    dev = device if device is not None else next(iter(mod.component_tensors().values())).device
-                else:
-                    dev = device if device is not None else mod.weight.device
-                prefix = key + "."
-                qw = f.get_qtensor(key).renamed(lambda c, p=prefix: c[len(p):] if c.startswith(p) else c).to(dev)
-                new = QLinear(qw, mod.bias)
-                if modname:
-                    _set_module(root, modname, new)
-                else:
-                    root = new
-                replaced.add(modname)
-            else:
-                plain[key] = f.get_tensor(key)
-    missing, unexpected = root.load_state_dict(plain, strict=False)
-    qbuf = _qlinear_buffers(root)
-    missing = [k for k in missing if k not in qbuf]
-    if strict and (missing or unexpected):
-        raise RuntimeError(f"load_model: missing keys {missing[:10]}, unexpected keys {list(unexpected)[:10]}")
+    for modname, qw in packed.items():
+        new = QLinear(qw, _get_submodule(root, modname).bias)
+        if modname:
+            _set_module(root, modname, new)
+        else:
+            root = new
+    root.load_state_dict(plain, strict=False)
     return root
+
+
+@dataclass
+class _LoadPlan:
+    """What :func:`load_model` does with each tensor of a file, decided from its header."""
+
+    qlinear: dict[str, tuple[str, Any]] = field(default_factory=dict)  # module path -> (file tensor, device)
+    plain: list[str] = field(default_factory=list)  # file tensors load_state_dict takes (quantized ones decoded)
+    unused: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    shapes: list[tuple[str, str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+
+
+def _get_submodule(root: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return root.get_submodule(name) if name else root
+    except AttributeError:
+        return None
+
+
+def _plan_load(model: nn.Module, path: str | os.PathLike[str], device: Any) -> _LoadPlan:
+    plan = _LoadPlan()
+    entries = model.state_dict(keep_vars=True)
+    replaced: list[str] = []
+    misshapen: list[str] = []  # Linear modules whose quantized weight has another shape
+    misshapen_entries: set[str] = set()
+    with safe_open(path) as f:
+        for problems in f.model.tensor_problems.values():
+            raise_first(problems)
+        for key in f.keys():
+            shape = tuple(f.shape(key))
+            modname, _, attr = key.rpartition(".")
+            mod = _get_submodule(model, modname)
+            if f.is_quantized(key) and attr == "weight" and isinstance(mod, nn.Linear | QLinear):
+                want = (mod.out_features, mod.in_features)
+                if shape != want:
+                    plan.shapes.append((key, f"{type(mod).__name__} {modname or '(the model)'}", shape, want))
+                    misshapen.append(modname)
+                    continue
+                if device is not None:
+                    dev = torch.device(device)
+                elif isinstance(mod, QLinear):
+                    dev = mod.packed_weight().device
+                else:
+                    dev = mod.weight.device
+                plan.qlinear[modname] = (key, dev)
+                replaced.append(modname)
+            elif key in entries:
+                want = tuple(entries[key].shape)
+                if shape != want:
+                    plan.shapes.append((key, key, shape, want))
+                    misshapen_entries.add(key)
+                else:
+                    plan.plain.append(key)
+            else:
+                plan.unused.append(key)
+    # A replaced module's own entries (its weight, or an old QLinear's components) are refilled by
+    # the new QLinear; its bias still comes from the file.  An entry of the wrong shape is
+    # reported as such, not as missing too.
+    refilled = {k for m in replaced + misshapen for k in entries
+                if k.startswith(f"{m}." if m else "") and k != (f"{m}.bias" if m else "bias")} | misshapen_entries
+    loaded = set(plan.plain)
+    filled = {id(entries[k]) for k in loaded}  # tied entries share one tensor
+    plan.missing = [k for k in entries if k not in refilled and k not in loaded and id(entries[k]) not in filled]
+    return plan
+

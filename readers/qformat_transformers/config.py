@@ -5,6 +5,8 @@ The same parameters and recipe language as ``qformat quantize`` (:mod:`qformat.r
 rule, ``recipe=`` takes a TOML path, TOML text, a :class:`qformat.recipe.Recipe` or its dict.
 ``QFormatConfig()`` with neither reads a checkpoint that is already in qformat (including one
 ``qformat convert`` described in place, whose config.json still names its source format).
+Loading is strict unless ``strict=False``: a checkpoint whose tensors do not fit the model
+raises LOAD_MISMATCH before anything is read.
 """
 
 from __future__ import annotations
@@ -31,15 +33,24 @@ class QFormatConfig(QuantizationConfigMixin):
       selection rule (as ``qformat quantize --scheme``);
     * ``recipe``: ordered rules (a TOML path or text, a Recipe, or its dict);
     * ``rules`` / ``default`` / ``spec_version``: what config.json records (``qformat quantize``
-      writes them; they are kept for saving and are informative when loading).
+      writes them; they are kept for saving and are informative when loading);
+    * ``strict`` (default True): before anything is read, compare the checkpoint's tensors with
+      the model's as transformers maps names, and raise LOAD_MISMATCH (naming the first few on
+      each side) for checkpoint tensors the model has no place for, model weights the checkpoint
+      does not fill (which transformers would initialise randomly) and shapes that differ.
+      ``strict=False`` leaves all of that to transformers' own loading report (to load a base
+      checkpoint into a model with a new head, say).  config.json records it only when False.
     """
 
     def __init__(self, scheme: str | None = None, recipe: Any = None, *, rules: list[Any] | None = None,
-                 default: Mapping[str, Any] | None = None, spec_version: str | None = None,
+                 default: Mapping[str, Any] | None = None, spec_version: str | None = None, strict: bool = True,
                  quant_method: str = QUANT_METHOD, **params: Any):
         if quant_method != QUANT_METHOD:
             raise ValueError(f"QFormatConfig is for quant_method {QUANT_METHOD!r}, found {quant_method!r}")
+        if not isinstance(strict, bool):
+            raise ValueError(f"QFormatConfig(strict=...) takes True or False, found {strict!r}")
         self.quant_method = QUANT_METHOD
+        self.strict = strict
         self.scheme = scheme
         self.params = dict(params)
         if isinstance(recipe, str) and not _recipe_text(recipe):
@@ -86,6 +97,8 @@ class QFormatConfig(QuantizationConfigMixin):
                 d["default"] = copy.deepcopy(self.default)
         elif self.quantizes:
             d.update(self.build_recipe().to_dict())
+        if not self.strict:
+            d["strict"] = False
         return d
 
     def to_diff_dict(self) -> dict[str, Any]:

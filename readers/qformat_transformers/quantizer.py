@@ -4,11 +4,18 @@ Loading a qformat checkpoint (``pre_quantized``):
 
 1. :meth:`preprocess_model` (the model is still on the meta device) reads each checkpoint
    file's header with the core (no tensor data), validates every descriptor, and replaces each
-   ``nn.Linear`` whose ``weight`` is a quantized logical tensor by a :class:`PendingQLinear`: a
-   placeholder without a weight whose (meta) buffers mirror the tensor's components under their
-   stored names, so transformers' own loader reads the packed bytes into them (device map,
-   threads and all) and sees neither unexpected nor missing keys;
-2. :meth:`postprocess_model` turns each placeholder into a
+   ``nn.Linear`` whose ``weight`` is a quantized logical tensor of its shape (names mapped as
+   transformers maps them: :class:`qformat_transformers.strict.NameMap`) by a
+   :class:`PendingQLinear`: a placeholder without a weight whose (meta) buffers mirror the
+   tensor's components under their stored names, so transformers' own loader reads the packed
+   bytes into them (device map, threads and all) and sees neither unexpected nor missing keys;
+2. :meth:`update_weight_conversions` (the list transformers will load with is known) adds a
+   :class:`qformat_transformers.decoded.DecodeConverter` for every other logical tensor (an
+   embedding, a norm: decoded into its entry by the loader itself), then compares the
+   checkpoint's names and shapes with the model's exactly as the loader will
+   (:func:`qformat_transformers.strict.predict`) and, with ``QFormatConfig(strict=True)`` (the
+   default), raises LOAD_MISMATCH naming what does not fit, before any tensor is read;
+3. :meth:`postprocess_model` turns each placeholder into a
    :class:`qformat_torch.nn.QLinear` over those same tensors (no copy, never decoded to full
    precision).
 
@@ -18,7 +25,8 @@ and shapes) become placeholders that keep a meta ``weight``; transformers reads 
 turn and hands it to :class:`QFormatQuantize`, which encodes it with ``qformat.quantize`` and
 drops the full-precision tensor, and hands the tensor's pages (a view of transformers' mmap of
 the checkpoint) back to the kernel (:func:`qformat_torch.kernels.release_file_pages`): peak
-memory is the packed model plus one layer, not the pages of every weight read so far.
+memory is the packed model plus one layer, not the pages of every weight read so far.  The
+checkpoint is compared with the model as in step 2.
 
 ``save_pretrained`` writes each QLinear as a qformat logical tensor ``<module>.weight`` with
 its components under ``<module>.weight.<component>`` (what ``qformat quantize`` writes) and the
@@ -31,12 +39,14 @@ qformat files (SPEC §14), and refuses a sharded ``push_to_hub`` before writing.
 from __future__ import annotations
 
 import json
+import re
 import types
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from transformers.conversion_mapping import get_model_conversion_mapping
 from transformers.core_model_loading import ConversionOps
 from transformers.quantizers import HfQuantizer
 
@@ -45,15 +55,13 @@ from qformat.errors import QFormatError, error, raise_first
 from qformat.qtensor import rename_references
 
 from qformat_torch.kernels import release_file_pages
+from qformat_torch.mismatch import MISMATCH_CODE
 
 from .config import QFormatConfig
+from .decoded import DecodeConverter, decode_converter
+from .strict import KeyReport, NameMap, predict
 
-#: The code of "the checkpoint does not fit the model".
-MISMATCH_CODE = "LOAD_MISMATCH"
-
-
-def mismatch(message: str, tensor: str) -> QFormatError:
-    return error(MISMATCH_CODE, message, tensor=tensor)
+__all__ = ["MISMATCH_CODE", "PendingQLinear", "QFormatHfQuantizer"]
 
 
 @dataclass
@@ -66,6 +74,19 @@ class Planned:
     descriptor: dict[str, Any] = field(default_factory=dict)
     mirrored: dict[str, str] = field(default_factory=dict)  # component -> placeholder-relative buffer path
     from_file: list[str] = field(default_factory=list)  # components read by us (outside the module's names)
+
+
+@dataclass
+class Quantized:
+    """One quantized logical tensor of the checkpoint, as its header describes it: packed into a
+    QLinear when it is the weight of an ``nn.Linear`` of its shape, else decoded into its entry
+    by the loader."""
+
+    name: str
+    file: str
+    descriptor: dict[str, Any]  # JSON, as stored
+    shape: tuple[int, ...]
+    components: dict[str, tuple[str, tuple[int, ...]]]  # stored name -> (storage dtype, shape)
 
 
 class PendingQLinear(nn.Module):
@@ -105,19 +126,42 @@ def _get_module(model: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
-def _model_path(model: nn.Module, ckpt_module: str) -> str | None:
-    """The model's module path for a checkpoint module path (as transformers maps names: the
-    same, or without / with the base model prefix)."""
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    cands = [ckpt_module]
-    if prefix:
-        if ckpt_module.startswith(prefix + "."):
-            cands.append(ckpt_module[len(prefix) + 1:])
-        cands.append(f"{prefix}.{ckpt_module}")
-    for c in cands:
-        if _get_module(model, c) is not None:
-            return c
+def _linear_target(model: nn.Module, names: NameMap, name: str, entries: dict[str, Any],
+                   shape: tuple[int, ...]) -> tuple[str, nn.Linear] | None:
+    """(module path, module) of the ``nn.Linear`` whose weight the checkpoint tensor ``name``
+    of logical shape ``shape`` loads into (as transformers maps the name), or None."""
+    target, pattern = names.target(name, entries)
+    if pattern is not None or target not in entries:
+        return None
+    mpath, _, attr = target.rpartition(".")
+    mod = _get_module(model, mpath)
+    if attr != "weight" or not isinstance(mod, nn.Linear) or tuple(shape) != (mod.out_features, mod.in_features):
+        return None
+    return mpath, mod
+
+
+def _moved(renamed: str, target: str, other: str) -> str | None:
+    """``other`` given the base model prefix step that took ``renamed`` to ``target`` (none, a
+    prefix added, a prefix stripped); None when ``other`` does not have the stripped prefix."""
+    if target == renamed:
+        return other
+    if target.endswith("." + renamed):
+        return target[: len(target) - len(renamed)] + other
+    head = renamed[: len(renamed) - len(target)]
+    if renamed.endswith("." + target) and other.startswith(head):
+        return other[len(head):]
     return None
+
+
+def _untie(model: nn.Module, entry: str) -> None:
+    """Drop the weight ties that involve ``entry``: its module becomes a packed layer, whose
+    weight is its own (a head stored quantized next to its embedding), so there is no parameter
+    left to share and transformers' tie_weights must not look for one."""
+    tied = getattr(model, "all_tied_weights_keys", None)
+    if tied:
+        for target, source in list(tied.items()):
+            if entry in (target, source):
+                del tied[target]
 
 
 def local_names(logical: str, components: list[str]) -> dict[str, str]:
@@ -210,10 +254,14 @@ class QFormatHfQuantizer(HfQuantizer):
         super().__init__(quantization_config, **kwargs)
         self.planned: dict[str, Planned] = {}  # model module path -> plan
         self.mirror_keys: set[str] = set()
-        self.decode_into: list[tuple[str, str, str]] = []  # (logical, model param, file)
+        self.decoded: list[Quantized] = []  # decoded into an entry by the loader (DecodeConverter)
         self.to_quantize: dict[str, tuple[str, Any, str]] = {}  # model weight name -> (ckpt name, choice, logical dtype)
         self.errors: list[QFormatError] = []
         self.descriptors: dict[str, Any] = {}
+        self.stored: dict[str, tuple[int, ...]] | None = None  # every stored tensor's shape (None: no headers)
+        self.logical_of: dict[str, str] = {}  # component -> its logical tensor
+        #: What loading will leave missing, unexpected or misshapen (see :func:`qformat_transformers.strict.predict`).
+        self.key_report: KeyReport | None = None
 
     # -- transformers' hooks -------------------------------------------------------------------
     def validate_environment(self, *args: Any, **kwargs: Any) -> None:
@@ -235,17 +283,86 @@ class QFormatHfQuantizer(HfQuantizer):
         return QFormatQuantize(self)
 
     def get_new_dtype(self, converter: Any, param: Any, dtype: Any) -> Any:
+        if isinstance(converter, DecodeConverter):
+            # the decoded value gets the dtype a plain tensor for this entry would get
+            converter.operations[0].dtype = dtype
+            return None  # its components arrive as stored
         if any(t in self.mirror_keys for t in getattr(converter, "target_patterns", ())):
             return None  # packed components keep their storage dtype
         return super().get_new_dtype(converter, param, dtype)
 
     def preprocess_model(self, model: Any, dtype: Any = None, **kwargs: Any) -> None:
         super().preprocess_model(model, dtype=dtype, **kwargs)
-        files = [f for f in (kwargs.get("checkpoint_files") or []) if str(f).endswith(".safetensors")]
+        files = [str(f) for f in (kwargs.get("checkpoint_files") or [])]
+        if not files or not all(f.endswith(".safetensors") for f in files):
+            files = []  # no headers to read (a state_dict, .bin files): nothing to plan or compare
+        # The model's own conversion mapping (a from_pretrained(key_mapping=...) is not known
+        # yet: update_weight_conversions compares with the full list).
+        names = NameMap(model, get_model_conversion_mapping(model))
         if self.pre_quantized:
-            self._plan_load(model, files)
+            self._plan_load(model, files, names)
         else:
-            self._plan_quantize(model, files)
+            self._plan_quantize(model, files, names)
+
+    def update_weight_conversions(self, weight_conversions: Any, model: Any) -> Any:
+        """transformers' conversion list, plus one decoding converter per quantized tensor that is
+        not a QLinear's weight; then the strict comparison (LOAD_MISMATCH), before any read."""
+        conversions = list(super().update_weight_conversions(weight_conversions, model))
+        if self.stored is None:
+            return conversions
+        names = NameMap(model, conversions)
+        # from_pretrained(key_mapping=...) renamings are first seen here: a Linear weight that
+        # only they name is packed now rather than decoded
+        entries = model.state_dict()
+        self.decoded = [q for q in self.decoded if not self._place(model, q, names, entries)]
+        self._ignore_own_tensors(model, names)
+        decoders = [decode_converter(q.name, q.descriptor, list(q.components), q.shape, names, self.errors) for q in self.decoded]
+        conversions += decoders
+        decoded = {p: op.shape for dc in decoders for op in dc.operations for p in dc.source_patterns}
+        self.key_report = predict(model, self.stored, conversions, logical_of=self.logical_of,
+                                  quantized_on_load=self.to_quantize, decoded=decoded)
+        found = self.key_report.mismatch
+        if found and self.quantization_config.strict:
+            prefix = getattr(model, "base_model_prefix", "")
+            raise found.error(type(model).__name__, (
+                f"Names are compared as transformers maps them (its conversion mapping, base model prefix {prefix!r}). "
+                "QFormatConfig(strict=False) leaves this to transformers' own loading report "
+                "(for a qformat checkpoint: config=qformat_config(path, QFormatConfig(strict=False)))"))
+        return conversions
+
+    def _ignore_own_tensors(self, model: nn.Module, names: NameMap) -> None:
+        """Stored tensors that belong to a packed layer without being loaded into the model join
+        the model's ``_keys_to_ignore_on_load_unexpected``, the list transformers' loading report
+        skips (and the strict comparison reads):
+
+        * components qformat reads from the file itself (``Planned.from_file``: bitsandbytes'
+          ``P.weight.absmax`` when the codes are ``P.weight`` itself, so no buffer can sit under
+          that name);
+        * in a checkpoint ``qformat convert`` described in place, the source format's tensors
+          that no descriptor references (GPTQ's ``P.g_idx`` without activation order,
+          bitsandbytes' ``P.weight.quant_map`` and quant-state blob, compressed-tensors'
+          ``P.weight_shape``): the plain tensors under a quantized tensor's own names (``P.*`` of
+          a packed Linear ``P``, bias and weight apart; ``L.*`` of a decoded ``L``) that have no
+          place in the model.
+        """
+        entries = model.state_dict()
+        own = {c for plan in self.planned.values() for c in plan.from_file}
+        packed = tuple(plan.name.rpartition(".")[0] + "." for plan in self.planned.values())
+        decoded = tuple(q.name + "." for q in self.decoded if names.target(q.name, entries)[0] in entries)
+        for name in self.stored or {}:
+            if name in self.logical_of or name in self.descriptors:
+                continue
+            layer = next((p for p in packed if name.startswith(p)), None)
+            in_layer = layer is not None and name[len(layer):] not in ("weight", "bias")
+            if in_layer or (bool(decoded) and name.startswith(decoded)):
+                own.add(name)
+        patterns = set()
+        for name in own:
+            target, _ = names.target(name, entries)
+            if target not in entries:
+                patterns.add(f"^{re.escape(target)}$")
+        if patterns:
+            model._keys_to_ignore_on_load_unexpected = set(model._keys_to_ignore_on_load_unexpected or ()) | patterns
 
     def postprocess_model(self, model: Any, **kwargs: Any) -> Any:
         out = super().postprocess_model(model, **kwargs)
@@ -292,58 +409,55 @@ class QFormatHfQuantizer(HfQuantizer):
         return sd, meta
 
     # -- loading a qformat checkpoint ----------------------------------------------------------
-    def _plan_load(self, model: nn.Module, files: list[str]) -> None:
+    def _plan_load(self, model: nn.Module, files: list[str], names: NameMap) -> None:
         from qformat.io import SafeOpen
 
+        if files:
+            self.stored = {}
+        entries = model.state_dict()  # before any placeholder: the names the checkpoint maps to
         for path in files:
             f = SafeOpen(path)
             try:
+                self.stored.update({n: tuple(e.shape) for n, e in f.header.entries.items()})
                 for name in sorted(f.model.raw):
                     raise_first(f.model.tensor_problems.get(name, []))
-                    self._plan_tensor(model, f, name, path)
+                    desc = f.model.descriptors[name]
+                    comps = sorted({c for _, c in desc.references()})
+                    q = Quantized(name, path, json.loads(json.dumps(f.model.raw[name])), tuple(desc.shape),
+                                  {c: (f.header.entries[c].dtype, tuple(f.header.entries[c].shape)) for c in comps})
+                    self.descriptors[name] = f.model.raw[name]
+                    self.logical_of.update({c: name for c in comps})
+                    if not self._place(model, q, names, entries):
+                        # an embedding, a norm, a tensor with no place in the model: the loader
+                        # decodes it into the entry its name maps to (update_weight_conversions)
+                        self.decoded.append(q)
             finally:
                 f.close()
 
-    def _plan_tensor(self, model: nn.Module, f: Any, name: str, path: str) -> None:
-        desc = f.model.descriptors[name]
-        ckpt_module, _, attr = name.rpartition(".")
-        mpath = _model_path(model, ckpt_module)
-        if mpath is None:
-            return  # like transformers: a checkpoint tensor the model has no place for is ignored
-        mod = _get_module(model, mpath)
-        shape = tuple(desc.shape)
-        if attr == "weight" and isinstance(mod, nn.Linear):
-            want = (mod.out_features, mod.in_features)
-            if shape != want:
-                raise mismatch(f"the checkpoint's quantized weight has shape {list(shape)}, the model's "
-                               f"{type(mod).__name__} {mpath!r} expects {list(want)}", name)
-            self.descriptors[name] = f.model.raw[name]
-            plan = Planned(name, mpath, path, json.loads(json.dumps(f.model.raw[name])))
-            holder = PendingQLinear(mod, name, keep_weight=False)
-            for _, comp in desc.references():
-                ent = f.header.entries[comp]
-                if comp.startswith(ckpt_module + "."):
-                    rel = comp[len(ckpt_module) + 1:]
-                    if rel != "bias" and _add_mirror(holder, rel, _storage_torch(ent.dtype), tuple(ent.shape)):
-                        plan.mirrored[comp] = rel
-                        self.mirror_keys.add(f"{mpath}.{rel}")
-                        continue
-                plan.from_file.append(comp)
-            _set_module(model, mpath, holder)
-            self.planned[mpath] = plan
-            return
-        # A quantized tensor that is not a Linear weight (an embedding, a norm): decoded into its
-        # parameter after loading.
-        pname = f"{mpath}.{attr}" if mpath else attr
-        try:
-            param = model.get_parameter(pname)
-        except AttributeError:
-            return
-        if tuple(param.shape) != shape:
-            raise mismatch(f"the checkpoint's quantized tensor has shape {list(shape)}, the model's parameter "
-                           f"{pname!r} expects {list(param.shape)}", name)
-        self.descriptors[name] = f.model.raw[name]
-        self.decode_into.append((name, pname, path))
+    def _place(self, model: nn.Module, q: Quantized, names: NameMap, entries: dict[str, Any]) -> bool:
+        """Replace the ``nn.Linear`` whose weight ``q`` is (names mapped by ``names``, shape
+        equal) by a placeholder mirroring its components; False when there is none."""
+        found = _linear_target(model, names, q.name, entries, q.shape)
+        if found is None:
+            return False
+        mpath, mod = found
+        plan = Planned(q.name, mpath, q.file, q.descriptor)
+        holder = PendingQLinear(mod, q.name, keep_weight=False)
+        renamed = names.renamed(q.name)
+        target = f"{mpath}.weight"
+        for comp, (dtype, shape) in q.components.items():
+            where = _moved(renamed, target, names.renamed(comp))  # where the loader will put it
+            if where is not None and where.startswith(mpath + "."):
+                rel = where[len(mpath) + 1:]
+                if rel != "bias" and _add_mirror(holder, rel, _storage_torch(dtype), shape):
+                    plan.mirrored[comp] = rel
+                    self.mirror_keys.add(f"{mpath}.{rel}")
+                    continue
+            plan.from_file.append(comp)
+        _untie(model, target)
+        _set_module(model, mpath, holder)
+        self.planned[mpath] = plan
+        return True
 
     def _finish_load(self, model: nn.Module) -> None:
         from qformat_torch.io import safe_open
@@ -372,19 +486,13 @@ class QFormatHfQuantizer(HfQuantizer):
             except QFormatError as e:
                 raise error(e.code, e.message, tensor=plan.name, field=e.field) from None
             _set_module(model, mpath, QLinear(tq, holder.bias))
-        for logical, pname, path in self.decode_into:
-            param = model.get_parameter(pname)
-            with safe_open(path, device=param.device) as f:
-                value = f.get_tensor(logical)
-            with torch.no_grad():
-                param.copy_(value.to(param.dtype))
         if self.descriptors and isinstance(self.quantization_config, QFormatConfig) and self.quantization_config.spec_version is None:
             from qformat.model import required_version
 
             self.quantization_config.spec_version = required_version(self.descriptors)
 
     # -- quantizing on load --------------------------------------------------------------------
-    def _plan_quantize(self, model: nn.Module, files: list[str]) -> None:
+    def _plan_quantize(self, model: nn.Module, files: list[str], names: NameMap) -> None:
         from qformat.checkpoint.quantize import verify_choices, logical_dtype
         from qformat.io import SafeOpen
         from qformat.recipe import decide
@@ -392,7 +500,7 @@ class QFormatHfQuantizer(HfQuantizer):
 
         rec = self.quantization_config.build_recipe()
         infos: dict[str, TensorInfo] = {}
-        names: list[str] = []
+        entries = model.state_dict()
         if files:
             for path in files:
                 f = SafeOpen(path)
@@ -401,33 +509,32 @@ class QFormatHfQuantizer(HfQuantizer):
                         raise error("QUANTIZE_SOURCE_QUANTIZED", f"{path} holds quantized tensors; load it with QFormatConfig() instead")
                     for n in f.header.entries:
                         infos[n] = TensorInfo(f.header.entries[n].dtype, tuple(f.header.entries[n].shape))
-                        names.append(n)
                 finally:
                     f.close()
         else:
             from qformat_torch.dtypes import storage_name
 
-            for n, t in model.state_dict().items():
+            for n, t in entries.items():
                 infos[n] = TensorInfo(storage_name(t.dtype), tuple(t.shape))
-                names.append(n)
-        names.sort()
-        decisions = decide(rec, infos, names)
+        if files:
+            self.stored = {n: tuple(i.shape) for n, i in infos.items()}
+        decisions = decide(rec, infos, sorted(infos))
         verify_choices(decisions, infos, self.quantization_config.scheme is None)
         for d in decisions:
             if d.choice is None:
                 continue
-            ckpt_module, _, attr = d.name.rpartition(".")
-            mpath = _model_path(model, ckpt_module)
-            mod = _get_module(model, mpath) if mpath is not None else None
+            target, pattern = names.target(d.name, entries)
+            mpath, _, attr = target.rpartition(".")
+            mod = _get_module(model, mpath) if pattern is None and target in entries else None
             if attr != "weight" or not isinstance(mod, nn.Linear):
                 raise error("QUANTIZE_RECIPE_INVALID", f"{d.name!r} is selected for quantization but is not the weight of an "
                                                        "nn.Linear of the model; quantizing on load keeps only Linear weights packed "
                                                        "(add a keep rule, or use `qformat quantize`)", tensor=d.name)
             info = infos[d.name]
             if tuple(info.shape) != (mod.out_features, mod.in_features):
-                raise mismatch(f"the checkpoint's weight has shape {list(info.shape)}, the model's Linear {mpath!r} "
-                               f"expects {[mod.out_features, mod.in_features]}", d.name)
-            self.to_quantize[f"{mpath}.weight"] = (d.name, d.choice, logical_dtype(info.dtype, d.choice.dtype))
+                continue  # stays a plain weight of the wrong shape: the strict comparison (or transformers) reports it
+            self.to_quantize[target] = (d.name, d.choice, logical_dtype(info.dtype, d.choice.dtype))
+            _untie(model, target)
             _set_module(model, mpath, PendingQLinear(mod, d.name, keep_weight=True))
         self.quantization_config.rules = rec.to_dict()["rules"]
         default = rec.to_dict().get("default")

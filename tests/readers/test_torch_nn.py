@@ -70,13 +70,102 @@ def test_bfloat16_model_keeps_its_logical_dtype(tmp_path):
     assert torch.equal(fresh(x), model(x))
 
 
-def test_load_model_strict_reports_missing_and_unexpected(tmp_path):
+def _snapshot(model: nn.Module) -> tuple[list[type], dict[str, torch.Tensor]]:
+    return [type(m) for m in model.modules()], {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _unchanged(model: nn.Module, before: tuple[list[type], dict[str, torch.Tensor]]) -> bool:
+    types, state = _snapshot(model)
+    return types == before[0] and state.keys() == before[1].keys() and all(torch.equal(state[k], before[1][k]) for k in state)
+
+
+@pytest.fixture
+def saved_mlp(tmp_path):
+    """mlp() with its first two Linears quantized (int8 per channel), saved by save_model."""
     path = tmp_path / "m.safetensors"
     qt.save_model(qt.quantize_model(mlp(), "int", bits=8, group_size=None), path)
-    with pytest.raises(RuntimeError, match="missing keys"):
-        qt.load_model(nn.Sequential(*mlp(), nn.Linear(8, 8)), path)
-    loose = qt.load_model(nn.Sequential(*mlp(), nn.Linear(8, 8)), path, strict=False)
-    assert isinstance(loose[0], qt.QLinear)
+    return path
+
+
+@pytest.mark.parametrize("case", ["extra-layer", "fewer-layers", "renamed"])
+def test_load_model_strict_names_both_sides_and_touches_nothing(saved_mlp, case):
+    def make() -> nn.Module:
+        torch.manual_seed(1)
+        return {"extra-layer": lambda: nn.Sequential(*mlp(), nn.Linear(8, 8)),
+                "fewer-layers": lambda: nn.Sequential(*list(mlp())[:4]),
+                "renamed": lambda: nn.ModuleDict({"net": mlp()})}[case]()
+
+    model = make()
+    before = _snapshot(model)
+    with pytest.raises(qformat.QFormatError) as e:
+        qt.load_model(model, saved_mlp)
+    assert e.value.code == "LOAD_MISMATCH" and _unchanged(model, before)
+    msg = str(e.value)
+    # torch's own comparison of the same names (the decoded file into the plain model) is the oracle
+    want = make().load_state_dict(qt.load_file(saved_mlp), strict=False)
+    assert want.unexpected_keys or want.missing_keys
+    for n, names, side in ((len(want.unexpected_keys), want.unexpected_keys, "checkpoint tensor"),
+                           (len(want.missing_keys), want.missing_keys, "model tensor")):
+        if n:
+            shown = ", ".join(names[:5]) + (f", ... ({n - 5} more)" if n > 5 else "")
+            assert f"{n} {side}{'s' if n > 1 else ''} " in msg and shown in msg, (shown, msg)
+        else:
+            assert side not in msg
+    assert e.value.tensor == (want.unexpected_keys or want.missing_keys)[0]
+    assert "strict=False" in msg
+
+
+def test_load_model_not_strict_loads_what_matches(saved_mlp):
+    loose = qt.load_model(nn.Sequential(*mlp(), nn.Linear(8, 8)), saved_mlp, strict=False)
+    assert isinstance(loose[0], qt.QLinear) and isinstance(loose[3], qt.QLinear)
+    ref = qt.load_model(mlp(), saved_mlp)
+    x = torch.randn(3, 64)
+    assert torch.equal(loose[:5](x), ref(x))
+
+
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("case", ["quantized-linear", "plain-norm"])
+def test_load_model_shape_mismatch_is_load_mismatch(saved_mlp, case, strict):
+    """A shape that differs is refused with or without strict (torch's load_state_dict refuses a
+    size mismatch even with strict=False), before anything changes."""
+    torch.manual_seed(2)
+    if case == "quantized-linear":  # the file's 0.weight is [128, 64] (quantized), 0.bias [128]
+        model = nn.Sequential(nn.Linear(64, 100), nn.LayerNorm(100), nn.GELU(), nn.Linear(100, 96, bias=False), nn.Linear(96, 8))
+        shown = ["0.bias (checkpoint [128], model [100])", "0.weight for Linear 0 (checkpoint [128, 64], model [100, 64])",
+                 "1.bias (checkpoint [128], model [100])", "1.weight (checkpoint [128], model [100])",
+                 "3.weight for Linear 3 (checkpoint [96, 128], model [96, 100])"]
+    else:
+        model = nn.Sequential(nn.Linear(64, 128), nn.LayerNorm(128, bias=False), nn.GELU(), nn.Linear(128, 96, bias=False),
+                              nn.Linear(96, 8))
+        model[1].weight = nn.Parameter(torch.ones(1, 128))
+        shown = ["1.weight (checkpoint [128], model [1, 128])"]
+    before = _snapshot(model)
+    with pytest.raises(qformat.QFormatError) as e:
+        qt.load_model(model, saved_mlp, strict=strict)
+    assert e.value.code == "LOAD_MISMATCH" and e.value.tensor == shown[0].split()[0]
+    assert f"{len(shown)} checkpoint tensor" in str(e.value) and all(s in str(e.value) for s in shown)
+    assert "not in the checkpoint" not in str(e.value)  # an entry of the wrong shape is not also missing
+    if strict and case == "plain-norm":  # the file's 1.bias has no place in a LayerNorm without bias
+        assert "1 checkpoint tensor has no place in the model: 1.bias" in str(e.value)
+    assert _unchanged(model, before)
+
+
+def test_load_model_tied_parameters_count_as_filled(tmp_path):
+    """A parameter shared by two modules is filled when the file holds it under either name
+    (transformers' save_pretrained keeps one of them)."""
+    def tied() -> nn.Module:
+        torch.manual_seed(3)
+        m = nn.ModuleDict({"emb": nn.Embedding(300, 64), "body": nn.Linear(64, 64), "head": nn.Linear(64, 300, bias=False)})
+        m["head"].weight = m["emb"].weight
+        return m
+
+    src = tied()
+    path = tmp_path / "t.safetensors"
+    q = qformat.quantize(torch_to_numpy(src["body"].weight.detach()), "int", bits=4, group_size=32)
+    qt.save_file({"emb.weight": src["emb"].weight, "body.weight": q, "body.bias": src["body"].bias}, path)
+    model = qt.load_model(tied(), path)
+    assert torch.equal(model["head"].weight, src["emb"].weight) and model["head"].weight is model["emb"].weight
+    assert isinstance(model["body"], qt.QLinear)
 
 
 def test_load_plain_quantized_non_linear_decodes_into_the_parameter(tmp_path):

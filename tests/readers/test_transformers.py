@@ -427,8 +427,11 @@ def inplace_source(fmt: str, fp_dir: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("fmt", ["gptq", "awq", "bitsandbytes", "compressed-tensors"])
 def test_inplace_converted_source_loads_through_qformat(fmt, fp_dir, tmp_path):
     qdir = inplace_source(fmt, fp_dir, tmp_path)
-    model = AutoModelForCausalLM.from_pretrained(qdir, config=qtf.qformat_config(qdir))
+    model, info = AutoModelForCausalLM.from_pretrained(qdir, config=qtf.qformat_config(qdir), output_loading_info=True)
     assert sorted(qlinears(model)) == sorted(decoder_linears(model))
+    # the source format's own tensors that no descriptor references (GPTQ's g_idx without act
+    # order, bitsandbytes' quant_map and quant-state blob, ...) belong to the packed layers
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
     ref = reference(fp_dir, qdir)
     with torch.no_grad():
         logits = model(IDS).logits
