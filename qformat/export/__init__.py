@@ -110,7 +110,8 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str], to: str, *,
     Every tensor maps exactly, verified bit for bit on its data, or the export fails with
     ``EXPORT_UNMAPPABLE`` / ``EXPORT_NOT_EXACT`` and nothing is written; ``allow_rounding``
     re-encodes what does not map and reports each rounded tensor.  ``options`` are the
-    target's own (none are needed).  Returns the :class:`~.base.Report`.
+    target's own: ``gguf_pre`` names the GGUF pre-tokenizer (``--gguf-pre``) where the
+    tokenizer's fingerprint is not in llama.cpp's table.  Returns the :class:`~.base.Report`.
     """
     target = get(to)
     ck, described = open_source(src)
