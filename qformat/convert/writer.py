@@ -150,8 +150,13 @@ def plan(ck: Checkpoint, described: Described, repack: bool, file_name: str | No
     """Per output file: the stored components and the logical tensors' descriptor JSON (no array made)."""
     transform: Transform = Repack() if repack else Identity()
     src = CombinedSource(ck, described)
-    return plan_outputs(transform_all(items(ck, described, repack, file_name), transform, src),
-                        order=ck.files if ck.kind == "safetensors" else None)
+    p = plan_outputs(transform_all(items(ck, described, repack, file_name), transform, src),
+                     order=ck.files if ck.kind == "safetensors" else None)
+    if not p.order and ck.kind != "safetensors":  # a GGUF without tensors (a vocabulary): its metadata alone
+        name = file_name or os.path.splitext(ck.files[0])[0] + ".safetensors"
+        p.order.append(name)
+        p.stored[name], p.descriptors[name] = {}, {}
+    return p
 
 
 def _metadata(ck: Checkpoint, file: str, described: Described, descs: dict[str, Any]) -> dict[str, str]:

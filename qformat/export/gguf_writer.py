@@ -147,7 +147,8 @@ def write_gguf(dst: str, kvs: Sequence[tuple[str, dict[str, Any]]], tensors: Seq
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(head)
-            _pad_to(f, len(head), alignment)
+            if tensors:  # no data section, no padding (gguf-py writes a vocabulary-only file so)
+                _pad_to(f, len(head), alignment)
             for t in tensors:
                 _write_tensor(f, t, alignment)
                 if written is not None:

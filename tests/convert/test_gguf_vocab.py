@@ -2,12 +2,12 @@
 
 llama.cpp ships ``models/ggml-vocab-*.gguf``, written by its converter from real tokenizers
 (tokens, merges, token types, special ids: megabytes of key/values, no tensors); the
-llama-cpp-python sdist carries them (tests/llama_cpp_source.py).  One small F32 tensor is added
-(``qformat convert`` writes a file per tensor set; a file without tensors has none), by editing
-the bytes as ggml's docs/gguf.md lays them out, so the source is still llama.cpp's bytes.  The
-conversion keeps every key/value in ``__metadata__`` (the large ones in their own members),
-its only tensor is the model's, ``qformat inspect`` reports the vocabulary, and the export gives
-the source back byte for byte.
+llama-cpp-python sdist carries them (tests/llama_cpp_source.py).  Each is converted as it is
+(a file of metadata and no tensors), and with one small F32 tensor added by editing the bytes as
+ggml's docs/gguf.md lays them out, so the source is still llama.cpp's bytes.  The conversion
+keeps every key/value in ``__metadata__`` (the large ones in their own members), its only
+tensors are the model's, ``qformat inspect`` reports the vocabulary, and the export gives the
+source back byte for byte.
 """
 
 from __future__ import annotations
@@ -67,10 +67,13 @@ def _with_a_tensor(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.parametrize("with_tensor", [False, True], ids=["as shipped", "with a tensor"])
 @pytest.mark.parametrize("name,pre,n_tokens", [("llama-bpe", "llama-bpe", 128256), ("qwen2", "qwen2", 151936)])
-def test_real_vocabulary_round_trip(name: str, pre: str, n_tokens: int, tmp_path: Path) -> None:
+def test_real_vocabulary_round_trip(name: str, pre: str, n_tokens: int, with_tensor: bool, tmp_path: Path) -> None:
     models = lcs.require(f"models/ggml-vocab-{name}.gguf") / "models"
-    src = _with_a_tensor(models / f"ggml-vocab-{name}.gguf", tmp_path / "src.gguf")
+    src = models / f"ggml-vocab-{name}.gguf"
+    if with_tensor:
+        src = _with_a_tensor(src, tmp_path / "src.gguf")
     mid = tmp_path / "mid.safetensors"
     convert(src, mid)
     meta = read_header(mid).metadata
@@ -79,7 +82,7 @@ def test_real_vocabulary_round_trip(name: str, pre: str, n_tokens: int, tmp_path
     assert {"gguf.kv.tokenizer.ggml.tokens", "gguf.kv.tokenizer.ggml.merges", "gguf.kv.tokenizer.ggml.token_type"} <= members
     assert kv["tokenizer.ggml.tokens"]["length"] == n_tokens and kv["tokenizer.ggml.pre"] == {"type": "string", "value": pre}
     assert sum(header_bytes(k, v) for k, v in meta.items() if k.startswith("gguf")) < MAX_METADATA_BYTES
-    assert list(qformat.load_file(mid)) == ["output_norm.weight"]
+    assert list(qformat.load_file(mid)) == (["output_norm.weight"] if with_tensor else [])
     g = inspect_checkpoint(mid).gguf
     assert g is not None and g["tokenizer"] == {"model": "gpt2", "pre": pre, "vocab_size": n_tokens}
     assert inspect_checkpoint(src).gguf == g  # the GGUF file itself says the same
