@@ -110,8 +110,10 @@ def test_cli_layout_follows_the_destination(root, tmp_path):
     r = run(src, tmp_path / "one.safetensors")  # the GGUF names, one file (round-trips to GGUF byte for byte)
     assert r.returncode == 0, r.stderr
     assert "blk.0.attn_q.weight" in qformat.load_file(tmp_path / "one.safetensors")
-    r = run(src, tmp_path / "forced.safetensors", "--layout", "hf")
-    assert r.returncode == 0 and (tmp_path / "forced.safetensors" / "config.json").is_file(), r.stderr
+    from qformat.cli import main  # in this process: transformers is imported already
+
+    assert main(["convert", "--quiet", str(src), str(tmp_path / "forced.safetensors"), "--layout", "hf"]) == 0
+    assert (tmp_path / "forced.safetensors" / "config.json").is_file()
     r = run(tmp_path / "one.safetensors", tmp_path / "x", "--layout", "hf")
     assert r.returncode == 2 and "CONVERT_UNSUPPORTED" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "x").exists()
