@@ -899,8 +899,9 @@ def _load_mismatch(tmp: Path, valid: Path) -> Any:
     return transformers.AutoModelForCausalLM.from_pretrained(tmp / "q")
 
 
-def _export_unknown_tokenizer(tmp: Path, valid: Path) -> Any:
-    """A llama folder whose byte-level BPE tokenizer (trained here) is in no llama.cpp table."""
+def _export_unknown_tokenizer(tmp: Path, valid: Path, vocab_size: int | None = None) -> Any:
+    """A llama folder whose byte-level BPE tokenizer (trained here) is in no llama.cpp table
+    (with ``vocab_size``: a config.json vocabulary smaller than the tokenizer's)."""
     from .export.test_gguf import _bpe_tokenizer
 
     pytest.importorskip("tokenizers")
@@ -908,6 +909,8 @@ def _export_unknown_tokenizer(tmp: Path, valid: Path) -> Any:
     folder.mkdir()
     _bpe_tokenizer(folder)
     cfg = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 64}
+    if vocab_size is not None:
+        cfg["vocab_size"] = vocab_size
     (folder / "config.json").write_text(json.dumps(cfg))
     qformat.save_file({"model.norm.weight": np.ones(32, np.float32)}, folder / "model.safetensors")
     return export_checkpoint(folder, tmp / "o.gguf", to="gguf")
@@ -916,6 +919,7 @@ def _export_unknown_tokenizer(tmp: Path, valid: Path) -> Any:
 USAGE_CASES = [
     U("LOAD_MISMATCH", "config-does-not-fit-weights", _load_mismatch),
     U("EXPORT_TOKENIZER_UNKNOWN", "gguf-tokenizer-not-in-llama-cpp-table", _export_unknown_tokenizer),
+    U("EXPORT_TOKENIZER_INVALID", "gguf-tokenizer-beyond-the-vocabulary", lambda tmp, v: _export_unknown_tokenizer(tmp, v, vocab_size=8)),
     U("EXPORT_OPTION_INVALID", "gguf-pre-llama-cpp-does-not-load", lambda tmp, v: export_checkpoint(v, tmp / "o.gguf", to="gguf", gguf_pre="no-such-pre")),
     U("EXPORT_TARGET_UNKNOWN", "no-such-target", lambda tmp, v: export_checkpoint(v, tmp / "o", to="no-such-target")),
     # F32 scales that float16 does not hold: GGUF's Q4_0 keeps d in float16.

@@ -152,6 +152,12 @@ def tokenizer_kvs(ck: Any, vocab_size: int | None, gguf_pre: str | None = None) 
         text = str(a.get("content", ""))
         special = bool(a.get("special")) or looks_special(text)
         by_id[a["id"]] = (text, CONTROL) if special else (text.replace("\u2581", " "), USER_DEFINED)
+    beyond = sorted(i for i in by_id if vocab_size and i >= vocab_size)
+    if beyond:  # llama.cpp sizes the vocabulary by the token list and then needs as many embedding rows
+        raise error("EXPORT_TOKENIZER_INVALID", f"gguf: the tokenizer has {len(beyond)} token id(s) from {beyond[0]} "
+                    f"({by_id[beyond[0]][0]!r}) on, beyond the model's vocabulary of {vocab_size} (config.json vocab_size, the "
+                    "embedding's rows); llama.cpp would refuse the file (its converter refuses such a tokenizer too): "
+                    "remove those tokens from tokenizer.json or resize the embedding", field="tokenizer.json")
     n = max(vocab_size or 0, max(by_id) + 1 if by_id else 0)
     tokens = [by_id.get(i, (f"[PAD{i}]", UNUSED)) for i in range(n)]
     pre = choose_pre(os.path.join(ck.folder, "tokenizer.json"), tc, gguf_pre)
