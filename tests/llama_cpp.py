@@ -21,7 +21,6 @@ source is downloaded at test time and only run.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -33,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import llama_cpp_source
@@ -129,19 +128,6 @@ def run(cmd: Sequence[str | os.PathLike[str]], *, timeout: float, env: dict[str,
 # -- the build -------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path`` (held until the block ends; released if the process dies),
-    so two pytest-xdist workers, or two sessions, never build into the same place at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _source_id(src: Path) -> str:
     """``llama_cpp_python-<version>`` for a folder extracted from that sdist (the same source
     wherever it was extracted), else a hash of the folder's path."""
@@ -173,7 +159,7 @@ def tools_dir(src: Path | None = None, jobs: int | None = None) -> Path:
     final = build_dir(src)
     if (final / BUILD_RECORD).is_file():
         return final / "bin"
-    with _locked(final.parent / (final.name + ".lock")):
+    with llama_cpp_source.locked(final.parent / (final.name + ".lock")):
         if (final / BUILD_RECORD).is_file():  # another worker finished while this one waited
             return final / "bin"
         for stale in final.parent.glob(final.name + ".tmp-*"):  # only the lock holder builds

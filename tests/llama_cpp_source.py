@@ -58,7 +58,7 @@ def cache_root() -> Path:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """An exclusive lock on ``path`` while the block runs (released if the process dies)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
@@ -92,7 +92,7 @@ def sdist() -> Path:
         return Path(env)
     root = cache_root()
     target = root / SDIST_NAME
-    with _locked(root / f"{SDIST_NAME}.lock"):
+    with locked(root / f"{SDIST_NAME}.lock"):
         if target.is_file():
             return target
         root.mkdir(parents=True, exist_ok=True)
@@ -142,7 +142,7 @@ def source_dir(*parts: str) -> Path:
     if all(_covered(p, done()) for p in wanted):
         return tree
     tarball = sdist()
-    with _locked(cache_root() / f"llama_cpp_python-{VERSION}.extract.lock"):
+    with locked(cache_root() / f"llama_cpp_python-{VERSION}.extract.lock"):
         have = done()
         todo = [p for p in wanted if not _covered(p, have)]
         if todo:

@@ -19,7 +19,6 @@ the llama.cpp build are made once per session and shared by pytest-xdist workers
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -27,7 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -65,23 +64,13 @@ def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
     """``make(folder)`` once per session (the first worker makes it, the others wait for it);
     a ``.done`` file marks a finished folder, so a failed ``make`` is redone, not reused."""
     root = _shared_root(tmp_path_factory) / "llama_cpp_artefacts"
     root.mkdir(exist_ok=True)
     folder = root / name
-    with _lock(root / f"{name}.lock"):
+    with llama_cpp_source.locked(root / f"{name}.lock"):
         if not (folder / ".done").is_file():
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
@@ -153,7 +142,7 @@ def _record(key: str, row: dict) -> None:
     """Merge ``row`` under ``key`` into the results file (locked: xdist workers write it too)."""
     path = _results_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(path.with_name(path.name + ".lock")):
+    with llama_cpp_source.locked(path.with_name(path.name + ".lock")):
         data = json.loads(path.read_text()) if path.is_file() else {}
         with contextlib.suppress(OSError, ValueError):
             data["build"] = L.build_record()
