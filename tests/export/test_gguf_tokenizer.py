@@ -56,7 +56,7 @@ def hf_vocab(name: str) -> Path:
     src = lcs.require(f"models/ggml-vocab-{name}.gguf") / "models"
     root = lcs.cache_root() / "hf-vocab" / f"llama_cpp_python-{lcs.VERSION}-transformers-{transformers.__version__}"
     folder = root / name
-    with lcs._locked(root / f"{name}.lock"):
+    with lcs.locked(root / f"{name}.lock"):
         if not (folder / "tokenizer.json").is_file():
             tmp = root / f".{name}.tmp-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
