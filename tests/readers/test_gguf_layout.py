@@ -100,21 +100,21 @@ def test_gguf_model_runs_packed_like_transformers_gguf_loader(root, tmp_path, ar
     assert torch.equal(ref.generate(ids, **gen), model.generate(ids, **gen))
 
 
-def test_cli_layout_follows_the_destination(root, tmp_path):
-    src = _source(root, "llama")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "qformat", "convert", "--quiet", *map(str, a)],  # noqa: E731
-                                    capture_output=True, text=True, timeout=300)
-    r = run(src, tmp_path / "folder")
-    assert r.returncode == 0, r.stderr
-    assert "LlamaForCausalLM" in r.stdout and (tmp_path / "folder" / "config.json").is_file()
-    r = run(src, tmp_path / "one.safetensors")  # the GGUF names, one file (round-trips to GGUF byte for byte)
-    assert r.returncode == 0, r.stderr
-    assert "blk.0.attn_q.weight" in qformat.load_file(tmp_path / "one.safetensors")
-    from qformat.cli import main  # in this process: transformers is imported already
+def test_cli_layout_follows_the_destination(root, tmp_path, capsys):
+    """The CLI's layout rule, in this process (transformers is imported already; the llama_cpp
+    tests run the same command in a subprocess on llama.cpp's own files), and a refusal as a
+    user sees it: one line with its code, exit 2, nothing written."""
+    from qformat.cli import main
 
+    src = _source(root, "llama")
+    assert main(["convert", "--quiet", str(src), str(tmp_path / "folder")]) == 0
+    assert "LlamaForCausalLM" in capsys.readouterr().out and (tmp_path / "folder" / "config.json").is_file()
+    assert main(["convert", "--quiet", str(src), str(tmp_path / "one.safetensors")]) == 0  # GGUF names, one file
+    assert "blk.0.attn_q.weight" in qformat.load_file(tmp_path / "one.safetensors")
     assert main(["convert", "--quiet", str(src), str(tmp_path / "forced.safetensors"), "--layout", "hf"]) == 0
     assert (tmp_path / "forced.safetensors" / "config.json").is_file()
-    r = run(tmp_path / "one.safetensors", tmp_path / "x", "--layout", "hf")
+    r = subprocess.run([sys.executable, "-m", "qformat", "convert", str(tmp_path / "one.safetensors"), str(tmp_path / "x"),
+                        "--layout", "hf"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "CONVERT_UNSUPPORTED" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "x").exists()
 
