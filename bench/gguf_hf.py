@@ -96,7 +96,7 @@ def build(folder: Path, layers: int, qtype: str, quick: bool) -> Path:
 
 
 def _child(step: str, a: str, b: str, out: str) -> dict[str, Any]:
-    from .harness import _require
+    from .common import _require
 
     r = subprocess.run([sys.executable, "-c", CHILD, step, a, b, out], capture_output=True, text=True,
                        cwd=str(Path(__file__).resolve().parents[1]))
@@ -106,7 +106,7 @@ def _child(step: str, a: str, b: str, out: str) -> dict[str, Any]:
 
 def bench_gguf_hf(run: Any, tmp: str, layers: int, qtype: str) -> None:
     """Rows in section ``gguf_hf`` (see the module docstring)."""
-    from .harness import MB, _require
+    from .common import MB, _require
 
     base = Path(tmp) / "gguf_hf"
     src = build(base, 2 if run.quick else layers, qtype, run.quick)

@@ -67,7 +67,7 @@ def build(folder: str, nbytes: int) -> dict[str, Any]:
 def bench_llama(run: Any, tmp: str, gb: float) -> None:
     """The four commands on a ``gb`` GiB checkpoint; rows in section ``llama`` and the target
     "peak RSS under 1 GB" for quantize and dequantize."""
-    from .harness import MB, _ckpt_children, _copy_seconds, _tree_bytes
+    from .common import MB, _ckpt_children, _copy_seconds, _tree_bytes
 
     base = os.path.join(tmp, "llama")
     os.makedirs(base)

@@ -43,6 +43,10 @@ def raw_tensor(t: Tensorish) -> tuple[str, list[int], bytes]:
         return dt, list(shape), bytes(data)
     a = np.asarray(t)
     dt = np.dtype(a.dtype)
+    if dt == np.dtype(ml_dtypes.float4_e2m1fn):  # SPEC.md §2.6: F4, element 2k in the low nibble of byte k
+        nib = a.reshape(-1).view(np.uint8) & 0x0F
+        nib = np.concatenate([nib, np.zeros(nib.size % 2, np.uint8)])
+        return "F4", list(a.shape), (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8).tobytes()
     # ascontiguousarray makes 0-d arrays 1-d: the reshape keeps the shape
     c = np.ascontiguousarray(a, dtype=dt.newbyteorder("<")).reshape(a.shape)
     return ST_DTYPE[dt.newbyteorder("=")], list(a.shape), c.tobytes()

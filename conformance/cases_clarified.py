@@ -127,11 +127,11 @@ def _(rng):
     return valid(descs, comps, plain, file_bytes=qtext_file(text, comps, plain))
 
 
-@case("unsupported-feature-1.2-tensors-missing", "a 1.2 qformat object without 'tensors': check Q1 fails in a newer minor: FEATURE_UNSUPPORTED, whole file",
+@case("unsupported-feature-1.3-tensors-missing", "a 1.3 qformat object without 'tensors': check Q1 fails in a newer minor: FEATURE_UNSUPPORTED, whole file",
       ["3.2", "3.4"], ["forward-compat", "clarified"])
 def _(rng):
     descs, comps, plain = base(rng)
-    return failing(qtext_file('{"version":"1.2"}', comps, plain), "FEATURE_UNSUPPORTED")
+    return failing(qtext_file('{"version":"1.3"}', comps, plain), "FEATURE_UNSUPPORTED")
 
 
 @case("invalid-extension-name-trailing-newline-file-scope", "a file-scope extension named 'org.example.x\\n': patterns match the whole string ($ is the end, not a line end): EXTENSION_NAME_INVALID",
@@ -214,15 +214,15 @@ def _(rng):
     return valid(descs, comps, plain, file_bytes=qtext_file(text, comps, plain))
 
 
-@case("unsupported-feature-1.2-structure-shape", "a 1.2 file's shape is [-3, 7]: in a newer minor every structural failure is FEATURE_UNSUPPORTED (§5.5)",
+@case("unsupported-feature-1.3-structure-shape", "a 1.3 file's shape is [-3, 7]: in a newer minor every structural failure is FEATURE_UNSUPPORTED (§5.5)",
       ["3.4", "5.5"], S + ["forward-compat"])
 def _(rng):
-    return M(rng, "FEATURE_UNSUPPORTED", setf("shape", [-3, 7]), version="1.2")
+    return M(rng, "FEATURE_UNSUPPORTED", setf("shape", [-3, 7]), version="1.3")
 
 
-@case("unsupported-feature-1.2-structure-layout-member", "a 1.2 file's layout has an unknown member 'device': FEATURE_UNSUPPORTED", ["3.4", "5.5"], S + ["forward-compat"])
+@case("unsupported-feature-1.3-structure-layout-member", "a 1.3 file's layout has an unknown member 'device': FEATURE_UNSUPPORTED", ["3.4", "5.5"], S + ["forward-compat"])
 def _(rng):
-    return M(rng, "FEATURE_UNSUPPORTED", setf("layout", {"name": "canonical", "device": "x"}), version="1.2")
+    return M(rng, "FEATURE_UNSUPPORTED", setf("layout", {"name": "canonical", "device": "x"}), version="1.3")
 
 
 # -- §3.7 step 5.5: the order of the semantic checks -----------------------------------------------------
@@ -301,10 +301,10 @@ def _(rng):
     return M(rng, "LAYOUT_INVALID", setf("layout.parameters.inner_k_tiles", True), maker=TGF(), version="1.1")
 
 
-@case("invalid-layout-parameter-missing-1.2", "a 1.2 file's tinygemm_int4_cuda lacks inner_k_tiles: a missing required parameter stays LAYOUT_INVALID in a newer minor (§11.1)",
+@case("invalid-layout-parameter-missing-1.3", "a 1.3 file's tinygemm_int4_cuda lacks inner_k_tiles: a missing required parameter stays LAYOUT_INVALID in a newer minor (§11.1)",
       ["11.1", "3.4"], LY + ["forward-compat"])
 def _(rng):
-    return M(rng, "LAYOUT_INVALID", setf("layout.parameters", {}), maker=TGF(), version="1.2")
+    return M(rng, "LAYOUT_INVALID", setf("layout.parameters", {}), maker=TGF(), version="1.3")
 
 
 def _layout_valid(rng, maker, edit, text_edit=None):

@@ -22,10 +22,12 @@ import numpy as np
 from . import cases_errors, cases_layouts, cases_valid  # noqa: F401  (register the cases)
 from . import cases_clarified  # noqa: F401,E402  (corpus 1.2: registered last, so earlier ids keep their order)
 from . import cases_sharded  # noqa: F401,E402  (corpus 1.3: after 1.2's cases, for the same reason)
+from . import cases_parity  # noqa: F401,E402  (spec 1.2's safetensors parity, issue 28: after the others, for the same reason)
+from . import cases_digests  # noqa: F401,E402  (spec 1.2's digests and settled points, issue 24: after the others, likewise)
 from .build import CASES, Built, seed_of, st_file
 
-CORPUS_VERSION = "1.3.0"
-SPEC_VERSION = "1.1"
+CORPUS_VERSION = "1.4.0"
+SPEC_VERSION = "1.2"
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v1")
 
 

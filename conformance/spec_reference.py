@@ -10,6 +10,7 @@ tensors of at most a few thousand elements.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -454,7 +455,7 @@ def _members(o: dict, allowed: tuple) -> bool:
     return all(k in allowed for k in o)
 
 
-def structural_codes(d: Any, max_rank: int = 16) -> list[str]:
+def structural_codes(d: Any, max_rank: int = 64) -> list[str]:
     """The codes of every failing check D1..D14 of SPEC.md §5.5 for descriptor ``d`` (empty: valid)."""
     if not isinstance(d, dict):
         return ["SCHEMA_VIOLATION"]  # D1
@@ -550,13 +551,97 @@ def read_parts(data: bytes) -> tuple[dict | None, dict[str, np.ndarray]]:
             continue
         b, end = e["data_offsets"]
         comps[name] = np.frombuffer(data[base + b : base + end], _NP[e["dtype"]]).reshape(e["shape"])
-    q = header.get("__metadata__", {}).get("qformat")
+    meta = header.get("__metadata__")  # §2.3 check 8: null is no metadata
+    q = (meta if meta is not None else {}).get("qformat")
     return (json.loads(q) if q is not None else None), comps
 
 
-def object_code(q: Any, newer: bool) -> str | None:
-    """§3.2 checks Q1 to Q4 on the qformat object without its descriptors (version checked before)."""
+def object_code(q: Any, newer: bool, minor: int = 0) -> str | None:
+    """§3.2 checks Q1 to Q5 on the qformat object without its descriptors (version checked before);
+    ``minor``: the minor version the file declares (`digests` is a member from 1.2 on, §3.8)."""
+    with_digests = newer or minor >= 2
     ok = "tensors" in q and isinstance(q["tensors"], dict)
-    ok &= newer or all(k in ("version", "tensors", "extensions") for k in q)
+    ok &= newer or all(k in ("version", "tensors", "extensions") + (("digests",) if with_digests else ()) for k in q)
     ok &= "extensions" not in q or fits(q["extensions"], EXTENSIONS_SPEC)
+    ok &= not with_digests or "digests" not in q or digests_member_ok(q["digests"])
     return None if ok else ("FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION")
+
+
+# -- §3.8 digests (spec 1.2) -------------------------------------------------------------------------
+#: the algorithms §3.8 defines -> the number of hexadecimal digits of a digest
+DIGEST_DIGITS = {"sha256": 64}
+
+
+def digests_member_ok(d: Any) -> bool:
+    """§3.2 check Q5: an object of exactly `algorithm` (a name of [a-z0-9-], 1 to 32 characters,
+    not starting with '-') and `tensors` (an object of strings of 1 to 128 digits 0-9a-f)."""
+    if not isinstance(d, dict) or set(d) != {"algorithm", "tensors"}:
+        return False
+    alg, ts = d["algorithm"], d["tensors"]
+    if not isinstance(alg, str) or not 1 <= len(alg) <= 32 or alg[0] == "-":
+        return False
+    if any(ch not in "abcdefghijklmnopqrstuvwxyz0123456789-" for ch in alg):
+        return False
+    if not isinstance(ts, dict):
+        return False
+    return all(isinstance(v, str) and 1 <= len(v) <= 128 and all(ch in "0123456789abcdef" for ch in v) for v in ts.values())
+
+
+def stored_bytes(data: bytes) -> dict[str, bytes]:
+    """Every stored tensor's bytes: its data_offsets range of the data buffer (§2.1), nothing else."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n].decode("utf-8"))
+    base = 8 + n
+    return {name: data[base + e["data_offsets"][0] : base + e["data_offsets"][1]] for name, e in header.items() if name != "__metadata__"}
+
+
+def sha256_hex(raw: bytes) -> str:
+    """§3.8 `sha256`: SHA-256 (FIPS 180-4) as 64 lower-case hexadecimal digits."""
+    return hashlib.sha256(raw).hexdigest()
+
+
+def digest_codes(data: bytes) -> list[str]:
+    """§3.8 verification of a file whose qformat object has a valid `digests`: the codes a checker
+    reports (DIGEST_UNSUPPORTED once; DIGEST_MISMATCH per listed name that is no stored tensor, has
+    the wrong length or differs from the digest of the bytes)."""
+    q, _ = read_parts(data)
+    d = (q or {}).get("digests")
+    if d is None:
+        return []
+    if d["algorithm"] not in DIGEST_DIGITS:
+        return ["DIGEST_UNSUPPORTED"]
+    raw = stored_bytes(data)
+    out = []
+    for name, want in d["tensors"].items():
+        if name not in raw or len(want) != DIGEST_DIGITS[d["algorithm"]] or sha256_hex(raw[name]) != want:
+            out.append("DIGEST_MISMATCH")
+    return out
+
+
+# -- §2.6 plain tensors of the packed storage dtypes, §2.2 empty shapes (spec 1.2) ---------------------
+def plain_f4(raw: bytes, shape: list[int]) -> np.ndarray:
+    """§2.6: a plain F4 tensor, element k of the row-major order in byte k // 2, the low nibble for
+    even k and the high nibble for odd k; each nibble is an e2m1fn value (ml_dtypes float4_e2m1fn)."""
+    count = math.prod(shape)
+    nib = []
+    for k in range(count):
+        byte = raw[k // 2]
+        nib.append(byte & 0x0F if k % 2 == 0 else byte >> 4)
+    return np.array(nib, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).reshape(shape)
+
+
+def plain_f6(raw: bytes) -> np.ndarray:
+    """§2.6: a plain F6_E2M3 or F6_E3M2 tensor reads as its raw bytes, a 1-D U8 array."""
+    return np.frombuffer(bytes(raw), dtype=np.uint8).copy()
+
+
+def empty_representable(shape: list[int], element_bytes: int) -> bool:
+    """§2.2: an empty shape is readable when the element size in bytes times the product of its
+    non-zero entries is below 2^63 (a shape without a 0 entry always is)."""
+    if 0 not in shape:
+        return True
+    product = element_bytes
+    for s in shape:
+        if s != 0:
+            product *= s
+    return product < 2**63

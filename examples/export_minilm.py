@@ -105,10 +105,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", metavar="DIR", help="write into DIR (kept) instead of a temporary folder")
     args = ap.parse_args()
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        return run(args.keep)
+    with tempfile.TemporaryDirectory(prefix="qformat-export-") as work:  # removed afterwards, whatever happens
+        return run(work)
+
+
+def run(work: str) -> int:
+    """Quantize, export to GGUF and compressed-tensors in ``work``, read both back."""
     import qformat
 
-    work = args.keep or tempfile.mkdtemp(prefix="qformat-export-")
-    os.makedirs(work, exist_ok=True)
     q = os.path.join(work, "minilm-int4")
     gguf_path = os.path.join(work, "minilm-int4.gguf")
     ct = os.path.join(work, "minilm-int4-ct")

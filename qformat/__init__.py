@@ -21,7 +21,7 @@ from .qtensor import QTensor
 __version__ = "0.2.0"
 #: The qformat spec version this implementation reads (SPEC.md).  Files record the lowest
 #: version whose features they use: ``required_version`` ("1.0" unless a 1.1 layout appears).
-SPEC_VERSION = "1.1"
+SPEC_VERSION = "1.2"
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]

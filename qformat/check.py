@@ -77,7 +77,7 @@ class Report:
 
     @property
     def unreadable(self) -> bool:
-        return any(p.code in ("FILE_UNREADABLE",) for p in self.problems)
+        return any(p.code in ("FILE_UNREADABLE", "NOT_SAFETENSORS") for p in self.problems)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "files": [f.to_dict() for f in self.files],
@@ -281,16 +281,166 @@ def check_payload(name: str, desc: Descriptor, src: Any, field_prefix: str = "")
     return probs
 
 
+def not_safetensors(path: str) -> QFormatError | None:
+    """``NOT_SAFETENSORS`` for a file that is no safetensors file at all, saying what it is: a
+    GGUF file (magic ``GGUF``), a ZIP archive, or one whose 8-byte length prefix is 2^48 or
+    more and reads as text (a README) or a Python object stream: no safetensors writer makes it.  None otherwise
+    (a damaged safetensors file gets the container's own codes)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return None
+    name = os.path.basename(path)
+    if head[:4] == b"GGUF":
+        return error("NOT_SAFETENSORS", f"{name} is a GGUF file, not safetensors: `qformat inspect` lists it, "
+                     "`qformat convert` turns it into qformat (which `qformat check` then checks)")
+    if head[:4] == b"PK\x03\x04":  # a ZIP's local file header (a length of 0x04034B50 + ...: never a header)
+        what = "a ZIP archive (a PyTorch .bin/.pt checkpoint?)"
+    elif len(head) < 8 or int.from_bytes(head, "little") < 1 << 48:
+        return None
+    elif head[:1] == b"\x80" and 2 <= head[1] <= 5:
+        what = "a serialized Python object stream (a PyTorch .bin checkpoint?)"
+    elif _text(head):
+        what = "a text file"
+    else:
+        return None  # a damaged length: the container's HEADER_TOO_LARGE / HEADER_LENGTH_INVALID
+    return error("NOT_SAFETENSORS", f"{name} is {what}, not safetensors: its first 8 bytes {head!r} are no safetensors header length; "
+                 "qformat reads .safetensors files, folders of them and *.safetensors.index.json "
+                 "(and GGUF files: convert, inspect, diff, export)")
+
+
+def _text(head: bytes) -> bool:
+    """Whether ``head`` reads as the start of a UTF-8 text (printable, a multi-byte character
+    may be cut at its end)."""
+    for cut in range(4):
+        try:
+            t = head[: len(head) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return all(c.isprintable() or c in "\t\n\r" for c in t)
+    return False
+
+
+def payload_problems(name: str, desc: Descriptor | None, src: Any) -> list[QFormatError]:
+    """Every payload rule of ``qformat check`` for one tensor of a file (``desc`` None: a plain
+    tensor).  The one function both :func:`check_file` and every command's admission of a
+    source (:class:`Admission`) call: a rule added here is enforced everywhere."""
+    if desc is None:
+        return []
+    return check_payload(name, desc, src)
+
+
+class Admission:
+    """``qformat check``'s rules for a checkpoint a command reads (the one rule, issue 24).
+
+    :meth:`headers` refuses the checkpoint with the first problem ``check --header-only``
+    reports (same code, tensor and field); :meth:`tensor` runs :func:`payload_problems` for
+    the logical tensors a stored tensor belongs to, once each, when a command first reads it,
+    so payload rules cost no extra pass over the file.  ``paths`` are the checkpoint's
+    safetensors files; ``index`` its ``*.safetensors.index.json`` (or None)."""
+
+    def __init__(self, paths: list[str], index: str | None = None):
+        self.paths, self.index = paths, index
+        self.owners: dict[str, list[str]] = {}  # stored name -> logical names reading it
+        self.descs: dict[str, Descriptor | None] = {}
+        self.done: set[str] = set()
+        self.refused: QFormatError | None = None  # the payload problem that refused the checkpoint
+        #: logical (or plain) name -> (file, header, model) of a 1.2 file that records digests (SPEC.md §3.8)
+        self.digested: dict[str, tuple[str, Any, Any]] = {}
+
+    def headers(self) -> None:
+        if self.index is not None:
+            reports, probs = check_index(self.index, payload=False)
+            found = probs + [p for r in reports for p in r.problems]  # check()'s order
+        else:
+            found = [p for path in self.paths for p in check_file(path, payload=False).problems]
+        if found:
+            p = found[0]
+            raise error(p.code, p.message, tensor=p.tensor, field=p.field)
+        for path in self.paths:
+            header = read_header(path)
+            model = interpret(header, FileSource(path, header))
+            for name, desc in model.descriptors.items():
+                self.descs[name] = desc
+                for _, ref in desc.references():
+                    self.owners.setdefault(ref, []).append(name)
+            for name in model.plain:
+                self.descs.setdefault(name, None)
+                self.owners.setdefault(name, []).append(name)
+            if model.digests is not None:
+                for name in [*model.descriptors, *model.plain]:
+                    self.digested[name] = (path, header, model)
+
+    def _problems(self, name: str, src: Any) -> list[QFormatError]:
+        """check's payload problems of ``name``, then its digest mismatches (SPEC.md §3.8: every
+        command verifies the digests of what it reads, on the tensor's first read; an algorithm
+        this reader lacks is not a refusal here, since nothing says the bytes are wrong)."""
+        probs = payload_problems(name, self.descs[name], src)
+        at = self.digested.get(name)
+        if at is not None:
+            path, header, model = at
+            desc = model.descriptors.get(name)
+            stored = sorted({c for _, c in desc.references()}) if desc is not None else [name]
+            probs += [p for p in digest_problems(path, header, model, stored) if p.code == "DIGEST_MISMATCH"]
+        return probs
+
+    def guards(self, stored: str) -> bool:
+        """Whether reading ``stored`` still needs a payload check."""
+        return any(n not in self.done for n in self.owners.get(stored, ()))
+
+    def logical(self, name: str, src: Any) -> None:
+        """Refuse with the first payload problem of the logical (or plain) tensor ``name``: a
+        command that refuses a tensor for another reason (an export that cannot map it) calls
+        this first, so a damaged tensor is refused as damaged, with check's code."""
+        if name in self.descs and name not in self.done:
+            self.done.add(name)
+            probs = self._problems(name, src)
+            if probs:
+                self.refused = probs[0]
+                raise probs[0]
+
+    def tensor(self, stored: str, src: Any) -> None:
+        """Refuse with the first payload problem of the logical tensors ``stored`` belongs to."""
+        for name in self.owners.get(stored, ()):
+            if name in self.done:
+                continue
+            self.done.add(name)
+            probs = self._problems(name, src)
+            if probs:
+                self.refused = probs[0]
+                raise probs[0]
+
+
 # -- files, folders, indexes ---------------------------------------------------------------
-def check_file(path: str, payload: bool = True) -> FileReport:
-    """Check one safetensors file."""
+def digest_problems(path: str, header: Any, model: Any, names: Iterable[str] | None = None) -> list[QFormatError]:
+    """The digest rule of ``qformat check`` (SPEC.md §3.8): DIGEST_UNSUPPORTED, DIGEST_MISMATCH
+    for the stored tensors of one file (``names``: only these; default every one listed), each
+    problem naming the logical tensor the stored tensor belongs to."""
+    from .digests import verify
+
+    return verify(path, header, model.digests, lambda s: model.components.get(s, s), names)
+
+
+def check_file(path: str, payload: bool = True, digests: bool | None = None, strict: bool = False) -> FileReport:
+    """Check one safetensors file (``digests``: also verify the recorded digests, SPEC.md §3.8,
+    which reads every stored byte once: off by default, since the other checks read only what
+    they examine (a 2.16 GB file: 0.4 s without, 4.2 to 7.0 s with); ``strict``: also report
+    what readers accept but writers never write, SPEC.md §2.4)."""
+    digests = bool(digests)
     rep = FileReport(path)
+    other = not_safetensors(path)
+    if other is not None:
+        rep.problems.append(_problem(other, path))
+        return rep
     try:
         header = read_header(path)
         src = FileSource(path, header)
     except QFormatError as e:
         rep.problems.append(_problem(e, path))
         return rep
+    if strict:
+        rep.problems.extend(_problem(e, path) for e in header.lenient)
     model = interpret(header, src)
     rep.plain = len(model.plain)
     rep.quantized = len(model.raw)
@@ -299,14 +449,18 @@ def check_file(path: str, payload: bool = True) -> FileReport:
     if payload and not model.file_problems:
         for name, desc in sorted(model.descriptors.items()):
             try:
-                for e in check_payload(name, desc, src):
+                for e in payload_problems(name, desc, src):
                     rep.problems.append(_problem(e, path))
             except QFormatError as e:
                 rep.problems.append(_problem(e, path))
+    if digests and not model.file_problems:
+        for e in digest_problems(path, header, model):
+            rep.problems.append(_problem(e, path))
     return rep
 
 
-def check_index(path: str, payload: bool = True) -> tuple[list[FileReport], list[Problem]]:
+def check_index(path: str, payload: bool = True, digests: bool | None = None,
+                strict: bool = False) -> tuple[list[FileReport], list[Problem]]:
     """Check a sharded checkpoint through its ``*.safetensors.index.json``."""
     try:
         index, found = scan_index(path)
@@ -316,7 +470,7 @@ def check_index(path: str, payload: bool = True) -> tuple[list[FileReport], list
     exposed: dict[str, str] = {}  # name a reader returns -> the first shard exposing it (§14)
     for shard in index.shards:
         sp = os.path.join(index.folder, shard)
-        rep = check_file(sp, payload)
+        rep = check_file(sp, payload, digests, strict)
         reports.append(rep)
         try:
             header = read_header(sp)
@@ -332,7 +486,8 @@ def check_index(path: str, payload: bool = True) -> tuple[list[FileReport], list
     return reports, probs
 
 
-def check(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], payload: bool = True) -> Report:
+def check(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], payload: bool = True,
+          digests: bool | None = None, strict: bool = False) -> Report:
     """Check files, folders (every ``*.safetensors`` inside, and any index) or index files.
 
     Returns a :class:`Report`; ``report.ok`` is true when there is no problem at all.
@@ -347,21 +502,21 @@ def check(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], payl
             indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
             covered: set[str] = set()
             for n in indexes:
-                files, probs = check_index(os.path.join(p, n), payload)
+                files, probs = check_index(os.path.join(p, n), payload, digests, strict)
                 report.files.extend(files)
                 report.problems.extend(probs)
                 covered.update(os.path.basename(f.path) for f in files)
             for n in names:
                 if n.endswith(".safetensors") and n not in covered:
-                    report.files.append(check_file(os.path.join(p, n), payload))
+                    report.files.append(check_file(os.path.join(p, n), payload, digests, strict))
             if not indexes and not any(n.endswith(".safetensors") for n in names):
                 report.problems.append(Problem("FILE_UNREADABLE", p, None, None, f"folder {p!r} holds no .safetensors file"))
         elif p.endswith(".json"):
-            files, probs = check_index(p, payload)
+            files, probs = check_index(p, payload, digests, strict)
             report.files.extend(files)
             report.problems.extend(probs)
         else:
-            report.files.append(check_file(p, payload))
+            report.files.append(check_file(p, payload, digests, strict))
     for f in report.files:
         report.problems.extend(f.problems)
     return report

@@ -20,12 +20,18 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="qformat", description="Validate and inspect qformat / safetensors files.")
+    p = _Parser(prog="qformat", description="Check, inspect, compare, quantize, dequantize, convert and export quantized checkpoints "
+                                                 "(qformat in safetensors files; GGUF and other formats through convert and export).")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     c = sub.add_parser("check", help="check files, folders or sharded checkpoints (index.json) for conformance")
     c.add_argument("paths", nargs="+", metavar="PATH")
     c.add_argument("--json", action="store_true", help="print one JSON report instead of text")
     c.add_argument("--header-only", action="store_true", help="skip payload checks (padding, parameter values, indices)")
+    c.add_argument("--digests", "--verify", dest="digests", action="store_true",
+                   help="also verify the sha256 digests 1.2 files record for their stored tensors (SPEC.md §3.8): reads every "
+                        "byte once (about the cost of reading the file; without it check reads only what it examines)")
+    c.add_argument("--strict", action="store_true", help="also report what readers accept but writers never write (SPEC.md §2.4: "
+                                                         "leading whitespace, non-space header padding, an empty tensor name)")
     cv = sub.add_parser("convert", help="convert an existing quantized checkpoint (GPTQ, AWQ, GGUF, ...) into qformat")
     cv.add_argument("src", metavar="SRC", nargs="?", help="a safetensors file, a folder, a *.safetensors.index.json or a .gguf file")
     cv.add_argument("dst", metavar="DST", nargs="?", help="the output: a file for a single-file source, else a folder")
@@ -38,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     cv.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     cv.add_argument("--quiet", action="store_true", help="no progress bar")
     cv.add_argument("--list", action="store_true", help="list the source formats and exit")
+    _no_check(cv)
     q = sub.add_parser("quantize", help="quantize a plain checkpoint (folder, .safetensors, index.json) into qformat")
     q.add_argument("src", metavar="SRC", help="a model folder (config.json + model.safetensors or a sharded index), a .safetensors file or an index.json")
     q.add_argument("dst", metavar="DST", help="the output: a folder for a folder or sharded source (or with --max-shard-size), else a file")
@@ -47,12 +54,16 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--asymmetric", action="store_true", help="int: unsigned codes with a zero point")
     q.add_argument("--block-size", type=_block_size, default=argparse.SUPPRESS, metavar="N|none|RxC", help="nf4/mx/codebook: block size; fp8: a block such as 128x128")
     q.add_argument("--double-quant", action="store_true", help="nf4: quantize the absmax values too")
-    q.add_argument("--scale-dtype", metavar="D", help="int: the scale dtype (float16, bfloat16, float32)")
+    q.add_argument("--values", type=_values, metavar="V,V,...", help="codebook: the table, 2 to 256 comma-separated numbers "
+                   "(write --values=-1,-0.5,0,0.5,1 when the first is negative)")
+    q.add_argument("--scale-dtype", metavar="D", help="int: the scale dtype (float16, bfloat16, float32); default bfloat16 for a bfloat16 tensor (what torch's CPU kernels take), else float16")
     q.add_argument("--granularity", metavar="G", help="fp8: tensor, channel or block")
     q.add_argument("--dtype", metavar="D", help="the logical dtype (float32, float16, bfloat16); default each tensor's own")
     q.add_argument("--recipe", metavar="FILE", help="a TOML recipe of ordered rules (see README, 'Quantizing a checkpoint')")
     q.add_argument("--max-shard-size", metavar="SIZE", help="shard the output, e.g. 5GB or 500MB (default: the source's files)")
     q.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    q.add_argument("--strict", action="store_true", help="refuse (QUANTIZE_PARTIAL_GROUPS) a group or block size that leaves "
+                   "partial groups, which is otherwise a warning naming the export targets that will refuse the result")
     q.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     dq = sub.add_parser("dequantize", help="decode a qformat checkpoint into a plain safetensors checkpoint")
@@ -62,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     dq.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     dq.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     dq.add_argument("--quiet", action="store_true", help="no progress bar")
+    _no_check(dq)
     ex = sub.add_parser("export", help="export a checkpoint to GGUF, compressed-tensors, MLX or bitsandbytes, bit-exact or refused")
     ex.add_argument("src", metavar="SRC", nargs="?", help="anything qformat reads: a qformat file, folder or index.json, or a convert source")
     ex.add_argument("dst", metavar="DST", nargs="?", help="the output: a .gguf file for --to gguf; else a folder for a folder or sharded source, a file otherwise")
@@ -74,10 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
     ex.add_argument("--list", action="store_true", help="list the export targets and exit")
+    _no_check(ex)
     ins = sub.add_parser("inspect", help="list what a checkpoint holds (any kind convert reads), from headers only")
     ins.add_argument("path", metavar="PATH", help="a file, folder, *.safetensors.index.json or .gguf file (qformat, plain, or a convert source)")
     ins.add_argument("--json", action="store_true", help="print JSON (format_version 1; see README) instead of text")
     ins.add_argument("--from", dest="from_format", metavar="FORMAT", help="read PATH as this convert source format (default: detected)")
+    _no_check(ins)
     df = sub.add_parser("diff", help="compare two checkpoints tensor by tensor (bit-exactness, max abs/ulp difference, SQNR)")
     df.add_argument("a", metavar="A", help="the reference checkpoint (the signal for SQNR); any kind inspect reads")
     df.add_argument("b", metavar="B", help="the checkpoint compared with A")
@@ -85,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     df.add_argument("--fail-below", type=float, metavar="DB", help="exit 1 when any tensor's SQNR is under DB dB (or shapes differ, or a tensor is unreadable)")
     df.add_argument("--plot", metavar="FILE.png", help="draw per-tensor SQNR as a bar chart (needs matplotlib)")
     df.add_argument("--quiet", action="store_true", help="no progress line")
+    _no_check(df)
     conf = sub.add_parser("conformance", help="run the conformance corpus against a reader")
     csub = conf.add_subparsers(dest="conf_command", metavar="SUBCOMMAND", required=True)
     r = csub.add_parser("run", help="run the corpus against a reader (one JSON line per case, then a summary)")
@@ -104,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _no_check(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-check", action="store_true",
+                   help="read a source that `qformat check` refuses anyway, at your own risk (by default check's rules "
+                        "apply: header rules on opening, a qformat file's payload rules per tensor as it is read)")
+
+
 def _int_or_none(text: str) -> int | None:
     if text.lower() == "none":
         return None
@@ -111,6 +132,13 @@ def _int_or_none(text: str) -> int | None:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or 'none', found {text!r}") from None
+
+
+def _values(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as -1,-0.5,0,0.5,1, found {text!r}") from None
 
 
 def _block_size(text: str) -> int | list[int] | None:
@@ -160,6 +188,8 @@ def _convert(args: argparse.Namespace) -> int:
     except QFormatError as e:
         print(f"qformat: {e}", file=sys.stderr)
         return 2 if e.category == "usage" else 1
+    except BrokenPipeError:  # stdout closed (`| head`): main() ends quietly
+        raise
     except Exception as e:  # never a traceback
         print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return 3
@@ -212,6 +242,8 @@ def _inspect(args: argparse.Namespace) -> int:
     except QFormatError as e:
         print(f"qformat: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout closed (`| head`): main() ends quietly
+        raise
     except Exception as e:  # never a traceback
         print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return 3
@@ -248,6 +280,8 @@ def _diff(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("qformat: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed (`| head`): main() ends quietly
+        raise
     except Exception as e:  # never a traceback
         print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return 3
@@ -279,6 +313,8 @@ def _run_job(args: argparse.Namespace, job) -> int:  # type: ignore[no-untyped-d
     except KeyboardInterrupt:
         print("qformat: interrupted; nothing was written", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed (`| head`): main() ends quietly
+        raise
     except Exception as e:  # never a traceback
         print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return 3
@@ -292,7 +328,8 @@ def _quantize(args: argparse.Namespace) -> int:
     from .checkpoint.quantize import quantize_checkpoint
 
     params: dict[str, object] = {}
-    for key, value in (("bits", args.bits), ("scale_dtype", args.scale_dtype), ("granularity", args.granularity), ("dtype", args.dtype)):
+    for key, value in (("bits", args.bits), ("scale_dtype", args.scale_dtype), ("granularity", args.granularity), ("dtype", args.dtype),
+                       ("values", args.values)):
         if value is not None:
             params[key] = value
     for key in ("group_size", "block_size"):  # given (None for "none") or absent (the scheme's default)
@@ -312,7 +349,7 @@ def _quantize(args: argparse.Namespace) -> int:
     def job() -> int:
         s = quantize_checkpoint(args.src, args.dst, scheme=args.scheme, recipe=args.recipe, max_shard_size=args.max_shard_size,
                                 overwrite=args.overwrite, progress=None if (args.quiet or args.json) else sys.stderr,
-                                notice=stderr_notice, **params)
+                                notice=stderr_notice, strict=args.strict, **params)
         if args.json:
             print(json.dumps(s.to_dict(), indent=2))
         else:
@@ -379,6 +416,37 @@ def _export(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        if getattr(args, "no_check", False):
+            from .checkpoint.source import unchecked
+
+            with unchecked():
+                return _dispatch(args)
+        return _dispatch(args)
+    except BrokenPipeError:
+        return _closed_pipe(args)
+
+
+#: Commands whose work is a written checkpoint: done before their report is printed.
+_WRITERS = ("convert", "quantize", "dequantize", "export")
+
+
+def _closed_pipe(args: argparse.Namespace) -> int:
+    """The reader of stdout went away (``qformat export ... | head -1``): no message, no
+    traceback.  A writing command's checkpoint is already in place, so it exits 0; a reading
+    command (check, inspect, diff, conformance), whose output is its result, exits 141
+    (128 + SIGPIPE, as a shell tool killed by the closed pipe)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+    except (OSError, ValueError):
+        pass
+    return 0 if args.command in _WRITERS else 141
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "quantize":
         return _quantize(args)
     if args.command == "dequantize":
@@ -388,6 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             return conformance.main(args)
+        except BrokenPipeError:  # stdout closed (`| head`): main() ends quietly
+            raise
         except Exception as e:  # never a traceback
             print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
             return 3
@@ -403,7 +473,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().print_help()
         return 2
     try:
-        report = check(args.paths, payload=not args.header_only)
+        report = check(args.paths, payload=not args.header_only, strict=args.strict, digests=args.digests)
+    except BrokenPipeError:
+        raise
     except Exception as e:  # a bug must still not print a traceback to users
         print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return 3

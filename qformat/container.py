@@ -1,8 +1,8 @@
 """The strict safetensors container: reading and validating the header, writing atomically.
 
-qformat accepts exactly the files safetensors defines, and refuses the ones safetensors itself
-lets through against its own documentation (SPEC.md, "Container"): leading whitespace,
-duplicate keys, extra fields in a tensor entry.  Nothing is allocated from a size the header
+qformat reads every file safetensors' writer produces and its reader accepts, and refuses the
+few that reader lets through against its own documentation (SPEC.md §2.4): duplicate keys,
+extra fields in a tensor entry.  Nothing is allocated from a size the header
 claims before that size has been checked against the file.
 """
 
@@ -22,6 +22,11 @@ from . import tables
 from .atomic import atomic_write
 from .errors import QFormatError, error
 
+#: Codes only ``qformat check --strict`` reports: what safetensors' reader accepts and its writer
+#: never writes, which readers accept since spec 1.2 (SPEC.md §2.4).
+STRICT_CODES = ("HEADER_LEADING_WHITESPACE", "HEADER_PADDING_NOT_SPACE", "TENSOR_NAME_INVALID")
+#: ... and METADATA_INVALID for ``"__metadata__": null`` (the code also refuses other metadata).
+STRICT_ALSO = ("METADATA_INVALID",)
 MAX_JSON_DEPTH = tables.limits()["max_json_depth"]
 JSON_WHITESPACE = " \t\n\r"
 _U64 = 1 << 64
@@ -48,6 +53,10 @@ class Header:
     entries: dict[str, Entry]
     data_start: int
     file_size: int
+    #: what the file does that safetensors' writer never does but its reader accepts, and so
+    #: qformat reads too (SPEC.md §2.4): leading whitespace, non-space padding, an empty tensor
+    #: name.  ``qformat check --strict`` reports each as a problem with its code.
+    lenient: tuple[QFormatError, ...] = ()
 
 
 def _mal(code: str, msg: str, tensor: str | None = None) -> QFormatError:
@@ -130,19 +139,29 @@ def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) ->
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _mal("HEADER_NOT_UTF8", f"header byte {e.start} is not valid UTF-8") from None
-    if not text.startswith("{"):
-        raise _mal("HEADER_LEADING_WHITESPACE" if text[:1] in JSON_WHITESPACE and text else "HEADER_INVALID_JSON",
-                   f"the header must begin with '{{', found {text[:1]!r}")
+    lenient: list[QFormatError] = []
+    lead = len(text) - len(text.lstrip(JSON_WHITESPACE))  # SPEC.md §2.3: JSON whitespace may precede the object
+    if lead:
+        lenient.append(_mal("HEADER_LEADING_WHITESPACE", f"the header begins with {lead} JSON whitespace byte(s) ({text[:1]!r} first) "
+                                                         "before '{': safetensors reads it, its writer never writes it"))
+    if not text.startswith("{", lead):
+        raise _mal("HEADER_INVALID_JSON", f"the header must begin with '{{' (after optional JSON whitespace), found {text[lead:lead + 1]!r}")
     try:
-        obj, end = strict_json(text)
+        obj, end = strict_json(text[lead:])
+        end += lead
     except _Dup as d:
         raise _mal("HEADER_DUPLICATE_KEY", f"key {d.key!r} appears twice in one JSON object") from None
     except (ValueError, RecursionError) as e:
         raise _mal("HEADER_INVALID_JSON", f"the header is not valid JSON: {e}") from None
     rest = text[end:]
+    if rest.strip(JSON_WHITESPACE):
+        bad = rest.lstrip(JSON_WHITESPACE)[:1]
+        raise _mal("HEADER_INVALID_JSON", f"only JSON whitespace padding may follow the header object, found {bad!r} at byte "
+                                          f"{8 + len(text[:end].encode()) + (len(rest) - len(rest.lstrip(JSON_WHITESPACE)))}")
     if rest.strip(" "):
         bad = rest.lstrip(" ")[:1]
-        raise _mal("HEADER_INVALID_JSON", f"only space (0x20) padding may follow the header object, found {bad!r} at byte {8 + len(text[:end].encode()) + (len(rest) - len(rest.lstrip(' ')))}")
+        lenient.append(_mal("HEADER_PADDING_NOT_SPACE", f"the header object is followed by {bad!r} padding, not only spaces (0x20): "
+                                                        "safetensors reads it, its writer pads with spaces"))
     if not isinstance(obj, dict):
         raise _mal("HEADER_INVALID_JSON", f"the header must be a JSON object, found {type(obj).__name__}")
 
@@ -151,14 +170,16 @@ def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) ->
     known = tables.dtypes()
     for name, ent in obj.items():
         if name == "__metadata__":
-            if ent is None and null_metadata_ok:  # what mx.save_safetensors writes by default
+            if ent is None:  # what mx.save_safetensors writes by default; safetensors reads it as none (SPEC.md §2.4)
+                lenient.append(_mal("METADATA_INVALID", "__metadata__ is null: read as no metadata, as safetensors reads it "
+                                                        "(mx.save_safetensors writes it; safetensors' writer never does)"))
                 continue
             if not isinstance(ent, dict) or not all(isinstance(v, str) for v in ent.values()):
                 raise _mal("METADATA_INVALID", "__metadata__ must be an object whose values are all strings")
             metadata = ent
             continue
-        if name == "":
-            raise _mal("TENSOR_NAME_INVALID", "a tensor name is empty")
+        if name == "":  # safetensors writes and reads it (SPEC.md §2.4)
+            lenient.append(_mal("TENSOR_NAME_INVALID", "a tensor name is empty: safetensors writes and reads it, qformat reads it", ""))
         if not isinstance(ent, dict) or set(ent) != {"dtype", "shape", "data_offsets"}:
             found = sorted(ent) if isinstance(ent, dict) else type(ent).__name__
             raise _mal("TENSOR_ENTRY_INVALID", f"expected exactly the fields ['data_offsets', 'dtype', 'shape'], found {found}", name)
@@ -201,15 +222,14 @@ def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) ->
         raise _mal("DATA_TRUNCATED", f"tensor data needs {pos} bytes after the header, the file has {file_size - data_start}")
     if data_start + pos < file_size:
         raise _mal("TRAILING_BYTES", f"{file_size - data_start - pos} bytes follow the last tensor's data")
-    return Header(metadata, entries, data_start, file_size)
+    return Header(metadata, entries, data_start, file_size, tuple(lenient))
 
 
 def read_header(path: str | os.PathLike[str], null_metadata_ok: bool = False) -> Header:
     """Open ``path`` and validate its header (FILE_UNREADABLE when it cannot be read).
 
-    ``null_metadata_ok``: read ``"__metadata__": null`` as no metadata, as the safetensors
-    library does, instead of METADATA_INVALID.  Only for sources in other ecosystems' formats
-    (``qformat convert``); a qformat reader keeps the strict rule (SPEC.md §2.3, check 8)."""
+    ``null_metadata_ok``: kept for callers; since spec 1.2 every reader reads ``"__metadata__":
+    null`` as no metadata, as the safetensors library does (SPEC.md §2.3, check 8; §2.4)."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -243,6 +263,8 @@ class FilePlan:
 
     header: bytes
     order: tuple[TensorSpec, ...]
+    #: (stored tensor name, byte offset in ``header``) of each digest placeholder (SPEC.md §3.8)
+    digest_slots: tuple[tuple[str, int], ...] = ()
 
     @property
     def data_bytes(self) -> int:
@@ -253,10 +275,32 @@ class FilePlan:
         return len(self.header) + self.data_bytes
 
 
-def plan_file(specs: Iterable[TensorSpec], metadata: Mapping[str, str] | None) -> FilePlan:
+def _with_digest_placeholders(metadata: Mapping[str, str], names: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``metadata`` whose qformat object records a digest placeholder for every stored tensor and
+    declares at least version 1.2 (the version that defines ``digests``, SPEC.md §3.8, §17.1)."""
+    from . import digests
+
+    obj = json.loads(metadata["qformat"])
+    obj["version"] = digests.written_version(obj["version"])
+    ph = digests.placeholders(names)
+    obj["digests"] = {"algorithm": digests.DEFAULT_ALGORITHM, "tensors": dict(sorted(ph.items()))}
+    meta = dict(metadata)
+    meta["qformat"] = json.dumps(obj, separators=(",", ":"))
+    return meta, ph
+
+
+def plan_file(specs: Iterable[TensorSpec], metadata: Mapping[str, str] | None, digests: bool = True) -> FilePlan:
     """Plan a file: order the tensors (widest dtype first, then by name, so every tensor starts
-    aligned to its own width) and build the header, all from names, dtypes and shapes."""
+    aligned to its own width) and build the header, all from names, dtypes and shapes.
+
+    ``digests``: when the metadata holds a qformat object, record a digest of every stored
+    tensor in it (SPEC.md §3.8; the file then declares at least version 1.2).  The header is
+    planned with placeholders of the digests' final length; :func:`write_planned` writes each
+    digest over its placeholder once the tensor's bytes are out."""
     specs = list(specs)
+    ph: dict[str, str] = {}
+    if digests and metadata and "qformat" in metadata:
+        metadata, ph = _with_digest_placeholders(metadata, [t.name for t in specs])
     seen: set[str] = set()
     for t in specs:
         if t.name in seen:
@@ -273,7 +317,13 @@ def plan_file(specs: Iterable[TensorSpec], metadata: Mapping[str, str] | None) -
         off += n
     hb = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     hb += b" " * (-len(hb) % 8)
-    return FilePlan(struct.pack("<Q", len(hb)) + hb, tuple(order))
+    slots = []
+    for name, p in ph.items():
+        at = hb.find(p.encode("ascii"))
+        if at < 0 or hb.find(p.encode("ascii"), at + 1) >= 0:
+            raise error("SAVE_INVALID", "a digest placeholder is not unique in the header", tensor=name)
+        slots.append((name, 8 + at))
+    return FilePlan(struct.pack("<Q", len(hb)) + hb, tuple(order), tuple(slots))
 
 
 def write_planned(path: str | os.PathLike[str], plan: FilePlan, produce: Callable[[TensorSpec], np.ndarray],
@@ -292,17 +342,67 @@ def write_planned(path: str | os.PathLike[str], plan: FilePlan, produce: Callabl
     this process), falling back to ``produce`` where the system cannot.  ``sync``: as for
     :func:`~qformat.atomic.atomic_write`.
     """
+    from . import digests
+
     copies = dict(copy_from or {})
+    slots = dict(plan.digest_slots)
+    found: dict[str, Any] = {}
     with atomic_write(path, "wb", sync=sync) as f:
         f.write(plan.header)
         for t in plan.order:
             where = copies.get(t.name)
-            if where is None or not copy_range(where[0], where[1], f, t.nbytes):
+            if where is not None and copy_range(where[0], where[1], f, t.nbytes):
+                if t.name in slots:
+                    # the copied bytes, hashed from the source (a qformat source's own digests are
+                    # verified when the command reads it: checkpoint.source's admission, check.Admission)
+                    found[t.name] = digests.hash_range(where[0], where[1], t.nbytes)
+            else:
                 a = checked_array(t, produce(t))
-                write_array(f, a)
+                if t.name in slots:
+                    h = digests.hasher()
+                    write_array(_Hashing(f, h), a)
+                    found[t.name] = h.hexdigest()
+                else:
+                    write_array(f, a)
                 del a
             if written is not None:
                 written(t)
+        write_digests(f, plan, found)
+
+
+class _Hashing:
+    """A file that hashes what is written through it (a writer's digest, SPEC.md §3.8)."""
+
+    def __init__(self, f: BinaryIO, h: Any):
+        self.f, self.h = f, h
+
+    def write(self, b: Any) -> int:
+        self.h.update(b)
+        return self.f.write(b)
+
+
+def digest_sink(f: BinaryIO, name: str, plan: FilePlan, found: dict[str, Any]) -> Any:
+    """Where a writer writes tensor ``name``'s body: ``f`` itself, or, when the plan records its
+    digest, ``f`` through a hasher kept in ``found`` (see :func:`write_digests`)."""
+    if not any(n == name for n, _ in plan.digest_slots):
+        return f
+    from . import digests
+
+    h = found[name] = digests.hasher()
+    return _Hashing(f, h)
+
+
+def write_digests(f: BinaryIO, plan: FilePlan, found: Mapping[str, Any]) -> None:
+    """Write each digest over its placeholder in the header (``found``: stored name -> hex digest
+    or hasher); the file position is kept."""
+    if not plan.digest_slots:
+        return
+    end = f.tell()
+    for name, at in plan.digest_slots:
+        d = found[name]
+        f.seek(at)
+        f.write((d if isinstance(d, str) else d.hexdigest()).encode("ascii"))
+    f.seek(end)
 
 
 def copy_range(src: str, offset: int, f: BinaryIO, nbytes: int) -> bool:

@@ -11,21 +11,28 @@ round-to-nearest-even cast to the logical dtype.
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from . import dtypes as _dt
+from . import kernels as _kernels
 from .descriptor import Descriptor, Param
 from .layouts import canonical_view
 from .regions import (BYTE_ITEM, GridRead, Region, byte_lookup, byte_table, chunk_rows, code_range_error, element_table,
-                      full_region, grid_array, iter_chunks, plan_param, read_codes, region_shape, source_index_reader)
+                      full_region, grid_array, iter_chunks, plan_grid, plan_param, read_codes, region_shape, source_index_reader)
 from .sources import Source
 
 #: Elements decoded per chunk: about 1 MB of binary32, so a chunk's lookup, parameter steps
 #: and cast run in the core's cache and every temporary stays small, whatever the tensor's size.
 CHUNK_ELEMENTS = 1 << 18
+
+#: Elements per chunk on the native path (:mod:`qformat.kernels`): larger, because the kernel
+#: keeps its temporaries in a 4 KB tile whatever the chunk's size, and each chunk's planning
+#: (parameter cells, row offsets) is a fixed cost in Python.
+NATIVE_CHUNK_ELEMENTS = 1 << 20
 
 #: Threads a full decode spreads its chunks over (None: one per CPU, at most 8).  Chunks
 #: write disjoint rows of the output and NumPy releases the GIL in every step they run.
@@ -129,6 +136,120 @@ def decode_region(desc: Descriptor, src: Source, region: Region, depth: int = 0,
     return x
 
 
+# -- the native kernel (qformat.kernels): the same steps, fused in C -----------------------------
+def native_covers(desc: Descriptor) -> bool:
+    """Whether decoding ``desc`` (canonical layout) runs the native kernel: the extension is
+    built and enabled (:func:`qformat.kernels.info`), the tensor has rank 1 or more and its
+    element is at most 8 bits wide (a 256-entry table).  Everything else takes the NumPy path."""
+    return _kernels.enabled() and len(desc.shape) >= 1 and desc.codes.element.bits <= 8
+
+
+def _native_codes(desc: Descriptor, src: Source, region: Region, table: np.ndarray, valid: int,
+                  tensor: str | None) -> tuple[np.ndarray, int, int, np.ndarray, int]:
+    """(codes as rows of bytes, row stride, codes per byte, byte table, planes span or 0) of
+    ``region`` for the kernel: the packed bytes themselves where one byte holds whole codes of
+    one row (:func:`qformat.regions.byte_lookup`; planes whose span divides the kernel's tile
+    included), else codes unpacked by the reference unpacker (one per byte, range-checked
+    against a codebook's length here, as the NumPy path does)."""
+    shape = region_shape(region)
+    cols = shape[-1]
+    rows = math.prod(shape[:-1])
+    p = desc.codes.packing
+    look = byte_lookup(desc, region) if valid == len(table) else None
+    span = 0 if look is None or look.planes_span is None else int(look.planes_span)
+    if look is not None and cols % look.n == 0 and _kernels.TILE % max(span, 1) == 0:
+        sub = _words(src, desc).reshape(look.words_shape)[look.box].reshape(rows, cols // look.n)
+        if not (sub.flags.c_contiguous or (sub.strides[1] == 1 and sub.strides[0] >= 0 and rows > 0)):
+            sub = np.ascontiguousarray(sub)
+        if not sub.flags.c_contiguous:  # a column box of a row-major array: rows stride apart
+            base = np.lib.stride_tricks.as_strided(sub, ((rows - 1) * sub.strides[0] + sub.shape[1],), (1,))
+            return base, sub.strides[0], look.n, byte_table(table, desc.codes.element.bits, p), span
+        return sub, sub.shape[1], look.n, byte_table(table, desc.codes.element.bits, p), span
+    codes = read_codes(desc, src, region)
+    if valid < len(table) and codes.size and int(codes.max()) >= valid:
+        raise code_range_error(int(codes.max()), valid, tensor)
+    bt = np.zeros(256, np.float32)
+    bt[: len(table)] = table
+    return np.ascontiguousarray(codes, np.uint8).reshape(rows, cols), cols, 1, bt, 0
+
+
+def _native_values(g: GridRead, desc: Descriptor, src: Source) -> tuple[np.ndarray, int]:
+    """(cell values, their format for the kernel: 0 binary32, 1 binary16, 2 bfloat16) of a grid
+    box: stored float16 / bfloat16 cells as stored (the kernel widens each cell it uses,
+    exactly), everything else (integers, fp8, two-level parameters) widened here to binary32."""
+    if g.param.encoded is None:
+        a = grid_array(g.param, desc, src, g.box)
+        if a.dtype == np.float16 or a.dtype == _dt.logical_numpy("bfloat16"):
+            return np.ascontiguousarray(a).reshape(-1).view(np.uint16), 1 if a.dtype == np.float16 else 2
+    return np.ascontiguousarray(_grid_values(g, desc, src, 0), np.float32).reshape(-1), 0
+
+
+def _native_param(prm: Param, desc: Descriptor, src: Source, region: Region, read_index) -> tuple:  # type: ignore[no-untyped-def, type-arg]
+    """One parameter for the kernel: (op, column mode, cell values, per-row cell offset,
+    per-column cell index or None, a, b, value format); see ``qformat/kernels/_native.c``."""
+    op = _kernels.OPS[prm.arith]
+    shape = region_shape(region)
+    rank = len(shape)
+    lead = shape[:-1]
+    if prm.blocks.type == "flat":  # cell = flat position // size - first cell of the box
+        size = int(prm.blocks.size)  # type: ignore[arg-type]
+        strides = [math.prod(desc.shape[a + 1 :]) for a in range(rank)]
+        pos = np.full([1] * (rank - 1), region[-1][0], np.int64)
+        for a in range(rank - 1):
+            lo, hi = region[a]
+            pos = pos + (np.arange(lo, hi, dtype=np.int64) * strides[a]).reshape([-1 if i == a else 1 for i in range(rank - 1)])
+        rowoff = np.ascontiguousarray(np.broadcast_to(pos, lead), np.int64).reshape(-1)
+        # the cells between the region's first and last element (plan_param's gather index
+        # would be one int64 per element)
+        c0, c1 = int(rowoff.min()) // size, (int(rowoff.max()) + shape[-1] - 1) // size + 1
+        v, vk = _native_values(plan_grid(prm, desc, ((c0, c1),)), desc, src)
+        return (op, _kernels.MODE_FLAT, v, rowoff, None, c0, size, vk)
+    sizes = prm.blocks.size
+    cols = shape[-1]
+    if prm.blocks.index is None:
+        # grid blocks: the cells and per-axis cell indices straight from the block sizes
+        # (what plan_param computes, without its gather index)
+        box = tuple((0, 1) if s is None else (lo // s, (hi - 1) // s + 1) for (lo, hi), s in zip(region, sizes))  # type: ignore[arg-type]
+        per_axis = [np.zeros(1, np.int64) if s is None else np.arange(lo, hi, dtype=np.int64) // s - b0
+                    for (lo, hi), s, (b0, _) in zip(region, sizes, box)]  # type: ignore[arg-type]
+        grid = plan_grid(prm, desc, box)
+    else:
+        step = plan_param(prm, desc, region, read_index, allow_view=False)
+        grid = step.grid
+        per_axis = [np.asarray(i, np.int64).reshape(-1) for i in step.index]  # type: ignore[union-attr]
+    v, vk = _native_values(grid, desc, src)
+    vshape = region_shape(grid.box)
+    off = np.zeros([1] * (rank - 1), np.int64)
+    for a in range(rank - 1):
+        off = off + per_axis[a].reshape([-1 if i == a else 1 for i in range(rank - 1)]) * math.prod(vshape[a + 1 :])
+    rowoff = np.ascontiguousarray(np.broadcast_to(off, lead), np.int64).reshape(-1)
+    last = per_axis[-1]
+    lo, hi = region[-1]
+    gi = prm.blocks.index
+    s = 0 if gi is not None and gi.axis == rank - 1 else sizes[-1]  # type: ignore[index]
+    if s is None or (s and lo // s == (hi - 1) // s):  # one cell along the whole row
+        return (op, _kernels.MODE_CONST, v, rowoff + int(last[0]), None, 0, 1, vk)
+    if s and s > 1:  # blocks of s along the last axis: cell (c + lo % s) // s
+        return (op, _kernels.MODE_BLOCK, v, rowoff, None, lo % s, int(s), vk)
+    return (op, _kernels.MODE_COLS, v, rowoff, np.ascontiguousarray(last, np.int64), 0, 1, vk)
+
+
+def _native_region(desc: Descriptor, src: Source, region: Region, out: np.ndarray, tensor: str | None,
+                   element: tuple[np.ndarray, int] | None = None) -> None:
+    """Decode ``region`` (rank >= 1) straight into ``out`` (C-contiguous, the logical dtype)
+    with one call of the native kernel: the same binary32 steps as :func:`decode_region` and
+    :func:`round_to_logical`, fused.  ``element``: :func:`qformat.regions.element_table`'s
+    result when the caller has it (one per decode, not one per chunk)."""
+    table, valid = element_table(desc, src) if element is None else element
+    codes, stride, n, bt, span = _native_codes(desc, src, region, table, valid, tensor)
+    read_index = source_index_reader(src)
+    params = [_native_param(prm, desc, src, region, read_index) for prm in desc.params()]
+    shape = region_shape(region)
+    kind = _kernels.OUT_KINDS[desc.dtype]
+    flat = out.reshape(-1).view(np.float32 if kind == 0 else np.uint16)
+    _kernels.fused(codes, stride, math.prod(shape[:-1]), shape[-1], n, bt, params, flat, kind, span)
+
+
 def _to_bfloat16_bits(x: np.ndarray, dst: np.ndarray) -> None:
     """Round binary32 ``x`` to bfloat16 into ``dst`` (uint16 of the same shape), with integer
     ops on the binary32 bits: SPEC.md §10.3's ``floor((w + 0x7FFF + (floor(w / 2^16) mod 2)) /
@@ -198,12 +319,16 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
         round_to_logical(decode_region(desc, src, region, tensor=tensor), desc.dtype, out)
         return out
     lo0 = region[0][0]
-    step = chunk_rows(desc, region, CHUNK_ELEMENTS)
+    native = native_covers(desc)
+    element = element_table(desc, src) if native else None
+    step = chunk_rows(desc, region, NATIVE_CHUNK_ELEMENTS if native else CHUNK_ELEMENTS)
     direct = desc.dtype == "float32"
 
     def run(sub: Region) -> None:
         dst = out[sub[0][0] - lo0 : sub[0][1] - lo0]
-        if direct:  # binary32 values are the logical values: decode straight into ``out``
+        if native:
+            _native_region(desc, src, sub, dst, tensor, element)
+        elif direct:  # binary32 values are the logical values: decode straight into ``out``
             decode_region(desc, src, sub, tensor=tensor, out=dst)
         else:
             x = decode_region(desc, src, sub, tensor=tensor, out=np.empty(dst.shape, np.float32))

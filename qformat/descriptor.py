@@ -30,7 +30,7 @@ EXTENSION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+$")
 #: Extensions this implementation understands (none in 1.0).
 KNOWN_EXTENSIONS: frozenset[str] = frozenset()
 #: The specification version this reader implements (major, minor): SPEC.md §3.4.
-READER_VERSION = (1, 1)
+READER_VERSION = (1, 2)
 
 
 

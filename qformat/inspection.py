@@ -147,7 +147,9 @@ class Opened:
                     found.add(v)
             return sorted(found)
         if self.kind == "source":
-            return [required_version(dict(self.described.tensors()))] if self.source_format != "gguf" else ["1.0"]
+            from .digests import written_version  # a conversion records digests (SPEC.md §3.8)
+
+            return [written_version(required_version(dict(self.described.tensors())) if self.source_format != "gguf" else "1.0")]
         return []
 
     def release(self) -> None:

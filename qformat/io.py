@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -20,15 +21,16 @@ from .model import METADATA_KEY, FileModel, interpret, required_version
 from .qtensor import QTensor
 from .regions import Region
 from .slicing import describe_alignment, is_aligned, slice_qtensor
-from .sources import ArraySource, FileSource
+from .sources import ArraySource, FileSource, plain_shape
 from .validate import validate_descriptor
 
-__all__ = ["CheckpointOpen", "FileSource", "SafeOpen", "Slice", "load_checkpoint", "load_file", "parse_index", "prepare",
+__all__ = ["CheckpointOpen", "FileSource", "IndexPlan", "SafeOpen", "Slice", "index_plan", "load_checkpoint", "load_file",
+           "parse_index", "prepare",
            "safe_open", "save_file", "squeezed_shape"]
 
 #: The specification version this implementation implements; files record
 #: :func:`~qformat.model.required_version` of their descriptors instead (SPEC.md §17.1).
-SPEC_VERSION = "1.1"
+SPEC_VERSION = "1.2"
 
 
 class _SliceMethods:
@@ -56,7 +58,7 @@ class SafeOpen(_SliceMethods):
     memory-mapped stored tensors, and :func:`parse_index` turns an index expression into a region.
     """
 
-    def __init__(self, path: str | os.PathLike[str], shard: Shard | None = None):
+    def __init__(self, path: str | os.PathLike[str], shard: Shard | None = None, verify: bool = False):
         self.path = os.fspath(path)
         if shard is None:
             header = read_header(self.path)
@@ -66,6 +68,31 @@ class SafeOpen(_SliceMethods):
         self._src: FileSource | None = shard.source
         self.model: FileModel = shard.model
         raise_first(self.model.file_problems)
+        #: verify the file's digests (SPEC.md §3.8) of each tensor's stored bytes before returning them
+        self.verify = verify
+        self._verified: set[str] = set()
+        if verify and self.model.digests is not None:
+            from .digests import ALGORITHMS
+
+            if self.model.digests["algorithm"] not in ALGORITHMS:  # nothing can be verified: the whole file
+                raise_first(self._digest_problems([]))
+
+    def _digest_problems(self, stored: list[str]) -> list[Any]:
+        from .check import digest_problems
+
+        return digest_problems(self.path, self.header, self.model, stored)
+
+    def _check_digests(self, name: str) -> None:
+        """With ``verify``: DIGEST_MISMATCH unless every stored tensor ``name`` reads has the
+        digest the file records (checked once per tensor)."""
+        if not self.verify or self.model.digests is None or name in self._verified:
+            return
+        if name in self.model.descriptors:
+            stored = sorted({c for _, c in self.model.descriptors[name].references()})
+        else:
+            stored = [name]
+        raise_first(self._digest_problems(stored))
+        self._verified.add(name)
 
     # context manager
     def __enter__(self) -> "SafeOpen":
@@ -89,9 +116,26 @@ class SafeOpen(_SliceMethods):
         """Logical tensor names and plain tensor names (components are not listed)."""
         return self.model.logical_names()
 
-    def metadata(self) -> dict[str, str]:
-        """The file's __metadata__ without the 'qformat' key."""
-        return {k: v for k, v in (self.header.metadata or {}).items() if k != METADATA_KEY}
+    def metadata(self) -> dict[str, str] | None:
+        """The file's __metadata__ without the 'qformat' key; None when the file has no
+        __metadata__ (as safetensors' ``metadata()``)."""
+        if self.header.metadata is None:
+            return None
+        return {k: v for k, v in self.header.metadata.items() if k != METADATA_KEY}
+
+    def file_order(self) -> list[str]:
+        """:meth:`keys` in the order of their data in the file, as safetensors' ``load_file``
+        returns them: by the ``(BEGIN, END)`` of a plain tensor, or the smallest of a logical
+        tensor's components, then by name."""
+        ents = self.header.entries
+        first: dict[str, tuple[int, int]] = {}
+        for comp, owner in self.model.components.items():
+            at = (ents[comp].begin, ents[comp].end)
+            first[owner] = min(first.get(owner, at), at)
+        def key(n: str) -> tuple[int, int, str]:
+            at = first.get(n) or ((ents[n].begin, ents[n].end) if n in ents else (-1, -1))
+            return (*at, n)
+        return sorted(self.keys(), key=key)
 
     def require(self, name: str) -> None:
         """TENSOR_NOT_FOUND unless ``name`` is a logical or plain tensor of the file."""
@@ -106,13 +150,15 @@ class SafeOpen(_SliceMethods):
         """The parsed descriptor of quantized tensor ``name``; raises the tensor's first problem."""
         self.require(name)
         raise_first(self.model.tensor_problems.get(name, []))
+        self._check_digests(name)
         return self.model.descriptors[name]
 
     def plain_array(self, name: str, region: Region | None = None) -> np.ndarray:
         """A plain tensor's stored array (a memory-mapped view; ``region`` cuts a box of it)."""
         self.require(name)
         raise_first(self.model.tensor_problems.get(name, []))
-        a = self.source.array(name)
+        self._check_digests(name)
+        a = self.source.plain(name)
         return a if region is None else a[tuple(slice(lo, hi) for lo, hi in region)]
 
     def descriptor(self, name: str) -> dict[str, Any] | None:
@@ -141,7 +187,8 @@ class SafeOpen(_SliceMethods):
 
     def shape(self, name: str) -> tuple[int, ...]:
         if not self.is_quantized(name):
-            return self.header.entries[name].shape
+            e = self.header.entries[name]
+            return plain_shape(e.dtype, e.shape)
         return self.validated_descriptor(name).shape
 
     def qtensor_box(self, name: str, region: Region) -> QTensor:
@@ -157,34 +204,87 @@ class SafeOpen(_SliceMethods):
         return QTensor(sub, comps)
 
 
-def parse_index(shape: tuple[int, ...], key: Any, tensor: str | None = None) -> tuple[Region, list[int]]:
-    """(region, axes indexed by an integer) of an index expression over a tensor of ``shape``:
-    integers, step-1 slices and one Ellipsis; anything else is SLICE_INVALID."""
+@dataclass(frozen=True)
+class IndexPlan:
+    """How an index expression reads a tensor: decode the (block-aligned or not) box
+    ``region``, then index that box with ``post`` (positive steps, integer axes dropped) and
+    reshape to ``shape``: the result equals NumPy indexing of the whole decoded tensor."""
+
+    region: Region
+    squeeze: list[int]
+    post: tuple[Any, ...]
+    shape: tuple[int, ...]
+
+    @property
+    def stepped(self) -> bool:
+        return any(isinstance(p, slice) and p.step not in (None, 1) for p in self.post)
+
+
+def index_plan(shape: tuple[int, ...], key: Any, tensor: str | None = None) -> IndexPlan:
+    """The :class:`IndexPlan` of an index expression over a tensor of ``shape``: integers,
+    slices with a positive step, empty lists and at most one Ellipsis, as safetensors'
+    ``get_slice`` accepts them (negative steps, non-empty lists, ``None`` and booleans are
+    SLICE_INVALID); out-of-range slice bounds are clipped as NumPy clips them."""
     if not isinstance(key, tuple):
         key = (key,)
-    if len(key) > len(shape) or any(k is Ellipsis for k in key):
-        if sum(k is Ellipsis for k in key) == 1 and len(key) - 1 <= len(shape):
-            i = key.index(Ellipsis)
-            key = key[:i] + (slice(None),) * (len(shape) - len(key) + 1) + key[i + 1 :]
-        else:
-            raise error("SLICE_INVALID", f"a {len(shape)}-D tensor takes at most {len(shape)} indices, found {len(key)}", tensor=tensor)
-    region, squeeze = [], []
+    n_ell = sum(k is Ellipsis for k in key)
+    if n_ell > 1:
+        raise error("SLICE_INVALID", f"an index takes at most one Ellipsis (...), found {n_ell}", tensor=tensor)
+    if len(key) - n_ell > len(shape):
+        raise error("SLICE_INVALID", f"a {len(shape)}-D tensor takes at most {len(shape)} indices, found {len(key) - n_ell}", tensor=tensor)
+    if n_ell:
+        i = key.index(Ellipsis)
+        key = key[:i] + (slice(None),) * (len(shape) - len(key) + 1) + key[i + 1 :]
+    region, squeeze, post, dims, adv = [], [], [], [], []
     for a, n in enumerate(shape):
         k = key[a] if a < len(key) else slice(None)
-        if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+        if isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
             i = int(k) + (n if k < 0 else 0)
             if not 0 <= i < n:
                 raise error("SLICE_INVALID", f"index {int(k)} is out of range for axis {a} of size {n}", tensor=tensor)
             region.append((i, i + 1))
             squeeze.append(a)
+            post.append(0)
+            adv.append(a)
         elif isinstance(k, slice):
-            lo, hi, step = k.indices(n)
-            if step != 1:
-                raise error("SLICE_INVALID", f"only step-1 slices are supported, found step {step} on axis {a}", tensor=tensor)
-            region.append((lo, max(lo, hi)))
+            if k.step is not None and not isinstance(k.step, (int, np.integer)) or isinstance(k.step, (bool, np.bool_)):
+                raise error("SLICE_INVALID", f"a slice step must be an integer, found {type(k.step).__name__} on axis {a}", tensor=tensor)
+            step = 1 if k.step is None else int(k.step)
+            if step <= 0:
+                raise error("SLICE_INVALID", f"slice steps must be positive (as in safetensors), found step {step} on axis {a}", tensor=tensor)
+            try:
+                lo, hi, _ = k.indices(n)
+            except TypeError:
+                raise error("SLICE_INVALID", f"slice bounds must be integers, found {k!r} on axis {a}", tensor=tensor) from None
+            count = max(0, -(-(hi - lo) // step))
+            region.append((lo, lo + (count - 1) * step + 1) if count else (lo, lo))
+            post.append(slice(None, None, step))
+            dims.append((a, count))
+        elif isinstance(k, list) and not k:
+            region.append((0, 0))  # an empty list selects nothing on its axis (NumPy: an empty index array)
+            post.append(slice(None))
+            adv.append(a)
+        elif isinstance(k, list):
+            raise error("SLICE_INVALID", f"a list index must be empty (as in safetensors), found a list of {len(k)} on axis {a}", tensor=tensor)
         else:
-            raise error("SLICE_INVALID", f"expected an integer or a slice on axis {a}, found {type(k).__name__}", tensor=tensor)
-    return tuple(region), squeeze
+            raise error("SLICE_INVALID", f"expected an integer, a slice, an empty list or Ellipsis on axis {a}, found {type(k).__name__}",
+                        tensor=tensor)
+    out = [c for _, c in dims]
+    if len(adv) > len(squeeze):  # an empty list: NumPy's advanced indexing puts one empty axis where the indexed axes were
+        at = sum(1 for a, _ in dims if a < adv[0]) if adv == list(range(adv[0], adv[0] + len(adv))) else 0
+        out.insert(at, 0)
+    return IndexPlan(tuple(region), squeeze, tuple(post), tuple(out))
+
+
+def parse_index(shape: tuple[int, ...], key: Any, tensor: str | None = None) -> tuple[Region, list[int]]:
+    """(region, axes indexed by an integer) of an index expression over a tensor of ``shape``
+    that names a box: integers, step-1 slices, empty lists and one Ellipsis (a packed box has no
+    steps: SLICE_INVALID)."""
+    plan = index_plan(shape, key, tensor)
+    if plan.stepped:
+        a, st = next((a, p.step) for a, p in enumerate(plan.post) if isinstance(p, slice) and p.step not in (None, 1))
+        raise error("SLICE_INVALID", f"a box takes only step-1 slices, found step {st} on axis {a}", tensor=tensor)
+    return plan.region, plan.squeeze
 
 
 def squeezed_shape(region: Region, squeeze: list[int]) -> list[int]:
@@ -193,7 +293,8 @@ def squeezed_shape(region: Region, squeeze: list[int]) -> list[int]:
 
 
 class Slice:
-    """Indexing with integers and step-1 slices decodes just that box."""
+    """Indexing (integers, positive-step slices, empty lists, one Ellipsis) decodes just the
+    box the index spans, then indexes it: the result is NumPy indexing of the decoded tensor."""
 
     def __init__(self, f: SafeOpen, name: str):
         self._f, self._name = f, name
@@ -202,8 +303,8 @@ class Slice:
         return list(self._f.shape(self._name))
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        region, squeeze = parse_index(self._f.shape(self._name), key, self._name)
-        return self._f.read(self._name, region).reshape(squeezed_shape(region, squeeze))
+        plan = index_plan(self._f.shape(self._name), key, self._name)
+        return np.ascontiguousarray(self._f.read(self._name, plan.region)[plan.post]).reshape(plan.shape)
 
     def qtensor(self, key: Any) -> QTensor:
         """The block-aligned box ``key`` as a standalone, still packed :class:`QTensor`.
@@ -222,12 +323,12 @@ class CheckpointOpen(_SliceMethods):
     the same per-tensor API as :class:`SafeOpen`, each name answered by the shard holding it.
     The index is checked against every shard when opening (INDEX_INVALID, INDEX_MISMATCH)."""
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], verify: bool = False):
         self.path = os.fspath(path)
         self.shards: dict[str, SafeOpen] = {}
         self._home: dict[str, SafeOpen] = {}
         for shard in iter_shards(self.path):
-            f = self.shards[shard.name] = SafeOpen(shard.path, shard)
+            f = self.shards[shard.name] = SafeOpen(shard.path, shard, verify)
             for name in f.keys():
                 if name in self._home:
                     raise error("INDEX_MISMATCH", f"tensor {name!r} appears in more than one shard", tensor=name, field="weight_map")
@@ -247,12 +348,16 @@ class CheckpointOpen(_SliceMethods):
         """Logical and plain tensor names of every shard, sorted."""
         return sorted(self._home)
 
-    def metadata(self) -> dict[str, str]:
-        """The shards' __metadata__ (without 'qformat'), merged in shard order."""
+    def metadata(self) -> dict[str, str] | None:
+        """The shards' __metadata__ (without 'qformat'), merged in shard order; None when no
+        shard has __metadata__."""
         out: dict[str, str] = {}
+        found = False
         for f in self.shards.values():
-            out.update(f.metadata())
-        return out
+            m = f.metadata()
+            found = found or m is not None
+            out.update(m or {})
+        return out if found else None
 
     def shard_of(self, name: str) -> SafeOpen:
         """The open shard holding tensor ``name`` (TENSOR_NOT_FOUND when none does)."""
@@ -308,35 +413,50 @@ def _readable(path: str) -> None:
         raise error("FILE_UNREADABLE", f"cannot read {path!r}: {e.strerror or e}") from None
     if magic == b"GGUF":
         raise error("FILE_UNREADABLE", f"{path!r} is a GGUF file, not safetensors: `qformat convert` reads it (into a qformat file)")
+    from .check import not_safetensors
+
+    other = None if is_index(path) else not_safetensors(path)  # text, a ZIP: NOT_SAFETENSORS, as `qformat check` says
+    if other is not None:
+        raise other
 
 
-def safe_open(path: str | os.PathLike[str], framework: str = "numpy") -> SafeOpen | CheckpointOpen:
+def safe_open(path: str | os.PathLike[str], framework: str = "numpy", verify: bool = False) -> SafeOpen | CheckpointOpen:
     """Open a qformat (or plain safetensors) file lazily through a memory map, or a sharded
-    checkpoint through its ``*.safetensors.index.json`` (a :class:`CheckpointOpen`)."""
+    checkpoint through its ``*.safetensors.index.json`` (a :class:`CheckpointOpen`).
+
+    ``verify``: check the digests a 1.2 file records (SPEC.md §3.8) of the stored tensors of
+    each tensor before it is first returned (DIGEST_MISMATCH refuses that tensor;
+    DIGEST_UNSUPPORTED, an algorithm this reader lacks, the whole file).  Off by default: it
+    reads every byte of a tensor, even for a slice."""
     if framework not in ("numpy", "np"):
         raise error("FRAMEWORK_UNKNOWN", f"the core reader returns NumPy arrays (framework 'numpy'), found {framework!r}; use the torch or JAX reader for those")
     path = os.fspath(path)
     _readable(path)
-    return CheckpointOpen(path) if is_index(path) else SafeOpen(path)
+    return CheckpointOpen(path, verify) if is_index(path) else SafeOpen(path, verify=verify)
 
 
-def _load_one(path: str) -> dict[str, np.ndarray]:
-    with SafeOpen(path) as f:
+def _load_one(path: str, verify: bool = False) -> dict[str, np.ndarray]:
+    with SafeOpen(path, verify=verify) as f:
         raise_first(f.model.problems())
-        return {name: f.get_tensor(name) for name in f.keys()}
+        return {name: f.get_tensor(name) for name in f.file_order()}
 
 
-def load_file(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+def _load_verified(path: str) -> dict[str, np.ndarray]:
+    return _load_one(path, True)
+
+
+def load_file(path: str | os.PathLike[str], verify: bool = False) -> dict[str, np.ndarray]:
     """Every tensor of a file, or of a sharded checkpoint given its index, quantized ones
-    decoded to their logical dtype."""
+    decoded to their logical dtype.  ``verify``: check the file's digests first (see
+    :func:`safe_open`)."""
     path = os.fspath(path)
     _readable(path)
-    return _load_shards(path, _load_one)
+    return _load_shards(path, _load_verified if verify else _load_one)
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+def load_checkpoint(path: str | os.PathLike[str], verify: bool = False) -> dict[str, np.ndarray]:
     """:func:`load_file` under the name the readers use for sharded checkpoints."""
-    return load_file(path)
+    return load_file(path, verify)
 
 
 def prepare(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:

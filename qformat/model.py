@@ -22,7 +22,6 @@ from .sources import Source
 
 METADATA_KEY = "qformat"
 VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})$")
-_SUB_BYTE = {"F4", "F6_E2M3", "F6_E3M2"}
 
 
 @dataclass
@@ -33,6 +32,8 @@ class FileModel:
     plain: list[str] = field(default_factory=list)
     components: dict[str, str] = field(default_factory=dict)  # component -> logical owner
     file_problems: list[QFormatError] = field(default_factory=list)
+    #: the qformat object's ``digests`` member (SPEC.md §3.8), when the file has a valid one
+    digests: dict[str, Any] | None = None
     tensor_problems: dict[str, list[QFormatError]] = field(default_factory=dict)
 
     def problems(self) -> list[QFormatError]:
@@ -80,9 +81,11 @@ def interpret(header: Header, src: Source) -> FileModel:
         return m
     m.version = obj["version"]
     newer = ver[1] > READER_VERSION[1]
-    m.file_problems.extend(_top_level_problems(obj, newer))
+    m.file_problems.extend(_top_level_problems(obj, newer, ver[1]))
     if m.file_problems:
         return m
+    if "digests" in obj and (newer or ver[1] >= 2):
+        m.digests = obj["digests"]
     claims: dict[str, list[str]] = {}
     for name, raw in obj["tensors"].items():
         m.raw[name] = raw
@@ -124,11 +127,11 @@ def _qformat_object(text: str, m: FileModel) -> dict[str, Any] | None:
     return obj
 
 
-def _top_level_problems(obj: dict[str, Any], newer: bool) -> list[QFormatError]:
+def _top_level_problems(obj: dict[str, Any], newer: bool, minor: int | None = None) -> list[QFormatError]:
     """Problems of the qformat object's own members (the descriptors are checked one by one)."""
     # A newer minor may add optional top-level members; anything a reader must understand
     # comes as an extension, so an older reader ignores members it does not know.
-    msgs = structure.object_failures(obj, newer)  # SPEC.md §3.2, checks Q1 to Q4
+    msgs = structure.object_failures(obj, newer, minor)  # SPEC.md §3.2, checks Q1 to Q5
     if msgs:
         code = "FEATURE_UNSUPPORTED" if newer else "SCHEMA_VIOLATION"
         return [error(code, "; ".join(msgs))]
@@ -188,9 +191,12 @@ def _claim_and_name_problems(m: FileModel, claims: dict[str, list[str]], header:
 
 
 def _plain_dtype_problems(m: FileModel, header: Header) -> None:
+    """SHAPE_UNREPRESENTABLE for a plain empty tensor no array can hold (SPEC.md §2.2); every
+    storage dtype has a plain reading since 1.2 (§2.6)."""
+    from .sources import plain_shape_problem
+
     for n in m.plain:
-        if header.entries[n].dtype in _SUB_BYTE:
-            m.tensor_problems.setdefault(n, []).append(error(
-                "PLAIN_DTYPE_UNSUPPORTED",
-                f"plain tensor of dtype {header.entries[n].dtype}: safetensors does not specify how its sub-byte values are packed; describe it with a qformat descriptor",
-                tensor=n))
+        e = header.entries[n]
+        msg = plain_shape_problem(e.dtype, e.shape)
+        if msg is not None:
+            m.tensor_problems.setdefault(n, []).append(error("SHAPE_UNREPRESENTABLE", msg, tensor=n, field="shape"))

@@ -7,14 +7,61 @@ saving and a file after opening it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 import mmap
 from typing import Mapping, Protocol
 
+import ml_dtypes
 import numpy as np
 
 from . import dtypes as _dt
+from . import tables
 from .container import Entry, Header
 from .errors import error
+
+
+#: Largest byte count (exclusive) of the box an empty array of some shape spans, counting only
+#: its non-zero axes: NumPy refuses ``itemsize * prod(non-zero entries) >= 2^63`` ("array is too
+#: big"), PyTorch's strides overflow past it (SPEC.md §2.2).
+_ARRAY_LIMIT = 1 << 63
+
+
+def empty_shape_problem(shape: tuple[int, ...], itemsize: int, what: str) -> str | None:
+    """Why no array can hold the empty ``shape`` of ``itemsize``-byte elements, or None (SPEC.md
+    §2.2: ``itemsize`` times the product of the non-zero entries must be below 2^63)."""
+    if 0 not in shape:
+        return None
+    span = itemsize
+    for s in shape:
+        span *= s or 1
+    if span < _ARRAY_LIMIT:
+        return None
+    return (f"{what} of shape {list(shape)} is empty but too large for an array: {itemsize}-byte elements times the "
+            f"product of its non-zero entries is {span}, expected below 2^63")
+
+
+def plain_reading(dtype: str) -> tuple[np.dtype, str]:
+    """(NumPy dtype, how) of a plain tensor of storage ``dtype`` (SPEC.md §2.5, §2.6): ``view``
+    (the bytes viewed in place), ``nibbles`` (F4: element 2k in the low nibble of byte k, 2k+1 in
+    the high one, one ``float4_e2m1fn`` per element) or ``bytes`` (F6_*: the raw bytes, 1-D U8)."""
+    entry = tables.dtypes()[dtype]
+    plain = entry.get("plain", "view")
+    if plain == "view":
+        return _dt.storage_numpy(dtype), "view"  # type: ignore[return-value]
+    return np.dtype(getattr(ml_dtypes, entry["plain_numpy"]) if entry["plain_numpy"] != "uint8" else np.uint8), plain
+
+
+def plain_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape of a plain tensor's array: the stored shape, or ``(nbytes,)`` for raw bytes (F6_*)."""
+    if plain_reading(dtype)[1] == "bytes":
+        return (math.prod(shape) * _dt.storage_bits(dtype) // 8,)
+    return shape
+
+
+def plain_shape_problem(dtype: str, shape: tuple[int, ...]) -> str | None:
+    """SHAPE_UNREPRESENTABLE's message for a plain tensor, or None."""
+    dt, _ = plain_reading(dtype)
+    return empty_shape_problem(plain_shape(dtype, shape), dt.itemsize, f"plain tensor of {dtype}")
 
 
 @dataclass(frozen=True)
@@ -78,6 +125,30 @@ class FileSource:
             raise error("PLAIN_DTYPE_UNSUPPORTED", f"dtype {e.dtype} has no plain NumPy view", tensor=name)
         count = e.nbytes // dt.itemsize
         if count == 0 or self._mm is None:
+            msg = empty_shape_problem(e.shape, dt.itemsize, f"stored tensor of {e.dtype}")
+            if msg is not None:  # SPEC.md §2.2, checked before NumPy sees the shape
+                raise error("SHAPE_UNREPRESENTABLE", msg, tensor=name, field="shape")
             return np.zeros(e.shape, dt)
         a = np.frombuffer(self._mm, dtype=dt, count=count, offset=self.header.data_start + e.begin)
         return a.reshape(e.shape)
+
+    def plain(self, name: str) -> np.ndarray:
+        """A plain tensor's array as SPEC.md §2.6 reads it: a memory-mapped view of the stored
+        bytes, the unpacked F4 values, or the raw bytes of an F6_* tensor.  Empty shapes no array
+        can hold are SHAPE_UNREPRESENTABLE (checked before anything is allocated)."""
+        e = self.header.entries[name]
+        dt, how = plain_reading(e.dtype)
+        shape = plain_shape(e.dtype, e.shape)
+        msg = empty_shape_problem(shape, dt.itemsize, f"plain tensor of {e.dtype}")
+        if msg is not None:
+            raise error("SHAPE_UNREPRESENTABLE", msg, tensor=name, field="shape")
+        if how == "view":
+            return self.array(name)
+        raw = (np.frombuffer(self._mm, dtype=np.uint8, count=e.nbytes, offset=self.header.data_start + e.begin)
+               if e.nbytes and self._mm is not None else np.zeros(0, np.uint8))
+        if how == "bytes":
+            return raw
+        out = np.empty(2 * e.nbytes, np.uint8)  # F4: nbits = 4 * numel is a whole number of bytes
+        np.bitwise_and(raw, 0x0F, out=out[0::2])
+        np.right_shift(raw, 4, out=out[1::2])
+        return out.view(dt).reshape(shape)

@@ -110,10 +110,12 @@ def _render_errors() -> str:
 
 def _render_dtypes() -> str:
     rows = []
+    how = {"nibbles": "{t}, one per element, unpacked (§2.6)", "bytes": "raw bytes: 1-D {t} of the stored bytes (§2.6)"}
     for name, d in tables.dtypes().items():
         view = d["numpy"] if d["numpy"] is not None else "(none)"
-        rows.append((_code(name), d["bits"], d["kind"], view))
-    return _table(("safetensors dtype", "bits per element", "kind", "NumPy / ml_dtypes view"), rows)
+        plain = how[d["plain"]].format(t=d["plain_numpy"]) if "plain" in d else view
+        rows.append((_code(name), d["bits"], d["kind"], view, plain))
+    return _table(("safetensors dtype", "bits per element", "kind", "NumPy / ml_dtypes view", "a plain tensor reads as"), rows)
 
 
 def _render_float_formats() -> str:

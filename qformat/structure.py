@@ -304,16 +304,23 @@ def descriptor_code(d: Any) -> tuple[str | None, list[str]]:
 
 
 # -- the qformat object without its descriptors (Q1 to Q4) -----------------------------------
-def object_failures(obj: Mapping[str, Any], newer: bool) -> list[str]:
+def object_failures(obj: Mapping[str, Any], newer: bool, minor: int | None = None) -> list[str]:
     """Failures of the qformat object's own members (SPEC.md §3.2 list); ``version`` has been
-    checked before.  In a newer minor, top-level members this reader does not know are ignored."""
+    checked before.  In a newer minor, top-level members this reader does not know are ignored.
+    ``minor``: the file's minor version; ``digests`` is a member only from 1.2 on (§3.8)."""
+    from . import digests
+
     out = []
     if "tensors" not in obj:
         out.append("the qformat object lacks 'tensors'")
     elif not is_object(obj["tensors"]):
         out.append("'tensors' must be an object")
-    if not newer and unknown(obj, ("version", "tensors", "extensions")):
-        out.append(f"unknown members {unknown(obj, ('version', 'tensors', 'extensions'))}")
+    has_digests = newer or (minor is not None and minor >= digests.SINCE_MINOR)
+    known = ("version", "tensors", "extensions") + (("digests",) if has_digests else ())
+    if not newer and unknown(obj, known):
+        out.append(f"unknown members {unknown(obj, known)}")
     if "extensions" in obj and not extensions_ok(obj["extensions"]):
         out.append("'extensions' must be an array of at most max_extensions extension objects")
+    if has_digests and "digests" in obj:
+        out.extend(digests.structure_failures(obj["digests"]))  # Q5
     return out

@@ -73,6 +73,12 @@ def _shape_ok(desc: Descriptor, add: Add) -> bool:
     if desc.numel >= 1 << 64:
         add("SHAPE_INVALID", "shape", f"the element count of shape {list(desc.shape)} reaches 2^64")
         return False
+    from .sources import empty_shape_problem  # SPEC.md §2.2: an empty logical tensor must fit an array too
+
+    msg = empty_shape_problem(tuple(desc.shape), 2 if desc.dtype in ("float16", "bfloat16") else 4, f"a logical {desc.dtype} tensor")
+    if msg is not None:
+        add("SHAPE_UNREPRESENTABLE", "shape", msg)
+        return False
     return True
 
 

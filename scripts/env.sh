@@ -27,5 +27,16 @@ if [ ! -f "$STAMP" ]; then
   touch "$STAMP"
   echo "[setup] done" >&2
 fi
+# The native decode kernel (qformat/kernels/_native.c, an optional extension that pip's
+# editable install builds in place): rebuilt here when its source or setup.py is newer than the
+# built module, so a changed kernel never runs stale.  A failed build only warns: qformat then
+# decodes with its NumPy path (qformat.kernels.info() says which).
+SO="$(ls "$ROOT"/qformat/kernels/_native.*.so 2>/dev/null | head -n1 || true)"
+if [ -z "$SO" ] || [ "$ROOT/qformat/kernels/_native.c" -nt "$SO" ] || [ "$ROOT/setup.py" -nt "$SO" ]; then
+  echo "[setup] building the native decode kernel" >&2
+  # pip's isolated build (setuptools>=77, as pyproject.toml asks), not the venv's own setuptools
+  "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT" >"$VENV/build_ext.log" 2>&1 \
+    || echo "[setup] the native kernel did not build (log: $VENV/build_ext.log); decoding uses the NumPy path" >&2
+fi
 export PATH="$VENV/bin:$PATH"
 cd "$ROOT"

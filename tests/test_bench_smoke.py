@@ -52,7 +52,18 @@ from qformat import decode as qdecode  # noqa: E402
 from qformat.descriptor import parse_descriptor  # noqa: E402
 from qformat.sources import ArraySource  # noqa: E402
 
+from qformat import kernels  # noqa: E402
+
 from .backends import same_bits  # noqa: E402
+
+
+@pytest.fixture
+def numpy_path():
+    """The NumPy and torch-ops fast paths these tests check are what runs without the native
+    kernel (no compiler, ``QFORMAT_KERNELS=numpy``, CUDA tensors); tests/test_kernels.py checks
+    the native kernel against them."""
+    with kernels.use("numpy"):
+        yield
 
 
 def test_bfloat16_integer_rounding_equals_ml_dtypes():
@@ -96,7 +107,7 @@ def _planes_case(rows, cols, span, bit_order, slot_order, dtype, rng):
     (4, 70, 32, "lsb_first", None, "float32"),      # a partial last segment: general path
     (6, 48, 6, "lsb_first", None, "bfloat16"),
 ])
-def test_planes_fast_path_equals_general_unpacker(monkeypatch, rows, cols, span, bit_order, slot_order, dtype):
+def test_planes_fast_path_equals_general_unpacker(monkeypatch, numpy_path, rows, cols, span, bit_order, slot_order, dtype):
     rng = np.random.default_rng(rows * cols + span)
     desc, src = _planes_case(rows, cols, span, bit_order, slot_order, dtype, rng)
     monkeypatch.setattr(qdecode, "CHUNK_ELEMENTS", 2 * cols)  # several chunks, also threaded
@@ -134,7 +145,7 @@ def test_planes_fast_path_equals_gguf_py_q4_0():
 @pytest.mark.parametrize("kind,dtype", [("int4 g32 sym", "float32"), ("int4 g128 asym", "bfloat16"), ("nf4 b64", "bfloat16"),
                                         ("nvfp4", "float16"), ("int8 g32", "float32"), ("mxfp4", "bfloat16")])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_torch_fast_decode_equals_numpy_reference(monkeypatch, kind, dtype, threads):
+def test_torch_fast_decode_equals_numpy_reference(monkeypatch, numpy_path, kind, dtype, threads):
     torch = pytest.importorskip("torch")
     from bench.harness import make_case
     from qformat_torch import decode as tdecode
@@ -164,7 +175,7 @@ def test_torch_fast_decode_equals_numpy_reference(monkeypatch, kind, dtype, thre
     assert same_bits(np_of(out[:32]), want[8:40])
 
 
-def test_torch_fast_decode_into_misaligned_out_and_one_long_row():
+def test_torch_fast_decode_into_misaligned_out_and_one_long_row(numpy_path):
     """An ``out`` whose offset cannot hold the byte table's items, and a single row longer than
     a chunk, decode (by the general path or unchunked) to the reference's bits."""
     torch = pytest.importorskip("torch")

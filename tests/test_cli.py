@@ -75,7 +75,7 @@ def test_bad_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("data, code", [
     (b"", "HEADER_TOO_SMALL"),
     (b"\xff" * 16, "HEADER_TOO_LARGE"),
-    (raw_file(" {}"), "HEADER_LEADING_WHITESPACE"),
+    (raw_file("\x0b{}"), "HEADER_INVALID_JSON"),
     (raw_file('{"x":' + "[" * 50_000 + "]" * 50_000 + "}"), "HEADER_INVALID_JSON"),
     (raw_file(b'{"\xff":1}'), "HEADER_NOT_UTF8"),
     (build_file({"b": np.ones(2, np.float32)}, qformat="{" * 100_000), "QFORMAT_JSON_INVALID"),
@@ -86,6 +86,15 @@ def test_malformed_files_never_show_a_traceback(data: bytes, code: str, tmp_path
     r = run_cli("check", str(p))
     assert r.returncode == 1, r.stdout + r.stderr
     assert code in r.stdout
+
+
+def test_strict_reports_what_writers_never_write(tmp_path: Path) -> None:
+    """SPEC.md §2.4: read as safetensors reads it (exit 0); --strict reports it (exit 1)."""
+    p = write(tmp_path / "x.safetensors", raw_file(' \t{"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}\n', b"\x01", pad=False))
+    assert run_cli("check", str(p)).returncode == 0
+    r = run_cli("check", "--strict", str(p))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert all(c in r.stdout for c in ("HEADER_LEADING_WHITESPACE", "HEADER_PADDING_NOT_SPACE", "TENSOR_NAME_INVALID"))
 
 
 def test_header_only_skips_payload_checks(tmp_path: Path) -> None:

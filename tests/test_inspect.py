@@ -80,7 +80,7 @@ def test_qformat_file_rows_and_totals(qfile: Path) -> None:
     r = inspect_checkpoint(qfile)
     d = r.to_dict()
     assert d["format_version"] == FORMAT_VERSION == 1
-    assert d["kind"] == "qformat" and d["source_format"] is None and d["spec_version"] == "1.0"
+    assert d["kind"] == "qformat" and d["source_format"] is None and d["spec_version"] == "1.2"  # written with digests
     assert [t["name"] for t in d["tensors"]] == ["layers.0.w", "layers.1.w", "layers.10.w", "norm"]  # natural order
     t = rows(r)
     w0 = t["layers.0.w"]
@@ -166,7 +166,7 @@ def test_gguf_file_from_tensor_infos_only(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(GGUFFile, "raw", no_payload)
     r = inspect_checkpoint(path)
     d = r.to_dict()
-    assert d["kind"] == "source" and d["source_format"] == "gguf" and d["spec_version"] == "1.0"
+    assert d["kind"] == "source" and d["source_format"] == "gguf" and d["spec_version"] == "1.2"  # a conversion records digests
     t = rows(r)
     q = t["blk.0.attn_q.weight"]
     assert q["scheme"] == "gguf_q4_0" and q["element"] == "int4 offset_binary" and q["granularity"] == "32"

@@ -71,10 +71,11 @@ INTERESTING = [None, True, False, -1, 0, 1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 31, 32
                2**32, 2**53 - 1, 2**53, 2**63, 2**64, 10**30, 0.5, 4.0, 1e308, "", "w.codes", "w.scale", "b", "nf4",
                "float32", "float16", "bfloat16", "canonical", "marlin_dense", "tinygemm_int4_cuda", "divide",
                "multiply", "add", "subtract", "flat", "grid", "int", "float", "codebook", "e4m3fn", "e8m0fnu",
-               "lsb_first", "msb_first", "offset_binary", "twos_complement", "1.2", "org.x.y", "qformat.x",
+               "lsb_first", "msb_first", "offset_binary", "twos_complement", "1.2", "1.3", "org.x.y", "qformat.x",
                [], [0], [1, 0], [0, 1], [None, None], [1, None], [None], [1, 32], {}, {"span": 32}, {"span": 0}]
 KEYS = ["type", "size", "tensor", "span", "x", "order", "index", "planes", "slot_order", "row_alignment",
-        "table_tensor", "encoded", "zero", "bias", "layout", "name", "parameters", "code_offset", "frac_bits"]
+        "table_tensor", "encoded", "zero", "bias", "layout", "name", "parameters", "code_offset", "frac_bits",
+        "digests", "algorithm", "tensors"]
 
 
 def _value(rng: random.Random, depth: int = 0, names: list[str] | None = None) -> Any:
@@ -115,7 +116,7 @@ def mutate_json(rng: random.Random, seed: bytes) -> bytes:
     """tests/test_errors.py ``mutated_descriptor``, on any seed: 1-3 edits of the qformat object
     (or, for a plain file, of the header), sometimes with the version changed."""
     header, body = _split(seed)
-    meta = header.get("__metadata__", {})
+    meta = header.get("__metadata__") or {}  # null: no metadata (SPEC.md §2.3 check 8)
     if "qformat" not in meta or rng.random() < 0.15:
         # edit the header itself (tensor entries, metadata)
         target = header
@@ -144,7 +145,7 @@ def mutate_json(rng: random.Random, seed: bytes) -> bytes:
     if target is not header:
         text = json.dumps(target)
         if rng.random() < 0.4:
-            text = text.replace('"1.0"', rng.choice(['"1.2"', '"1.1"', '"1.0"', '"2.0"'])).replace('"1.1"', rng.choice(['"1.2"', '"1.1"', '"1.0"']))
+            text = text.replace('"1.0"', rng.choice(['"1.3"', '"1.2"', '"1.1"', '"1.0"', '"2.0"'])).replace('"1.1"', rng.choice(['"1.3"', '"1.2"', '"1.1"', '"1.0"']))
         header.setdefault("__metadata__", {})["qformat"] = text
     return _join(header, body)
 
@@ -162,7 +163,7 @@ def mutate_entries(rng: random.Random, seed: bytes) -> bytes:
     if not names:
         return seed
     logical = []
-    if "qformat" in header.get("__metadata__", {}):
+    if "qformat" in (header.get("__metadata__") or {}):
         logical = list(json.loads(header["__metadata__"]["qformat"]).get("tensors", {}))
     for _ in range(rng.randint(1, 2)):
         name = rng.choice(names)

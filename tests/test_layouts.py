@@ -208,7 +208,7 @@ def test_device_canonical_device_is_lossless(case, tmp_path: Path):
     path = tmp_path / "w.safetensors"
     qformat.save_file({"w": qformat.QTensor(d, c)}, path)
     meta = qformat.safe_open(path).header.metadata
-    assert json.loads(meta["qformat"])["version"] == "1.1"
+    assert json.loads(meta["qformat"])["version"] == "1.2"  # a 1.1 layout, and digests (1.2)
     assert qformat.check(path).ok
     assert np.array_equal(qformat.load_file(path)["w"].view(np.uint16), ref)
     assert np.array_equal(qformat_torch.load_file(path)["w"].view(torch.int16).numpy().view(np.uint16), ref)
@@ -218,10 +218,10 @@ def test_device_canonical_device_is_lossless(case, tmp_path: Path):
         with pytest.raises(qformat.QFormatError) as ei:
             f.get_qtensor_slice("w", (slice(0, 8), slice(0, 32)))
         assert ei.value.code == "SLICE_INVALID"
-    # canonical file: version 1.0, same values
+    # canonical file: version 1.2 (digests only), same values
     cpath = tmp_path / "c.safetensors"
     qformat.save_file({"w": qformat.QTensor(cd, cc)}, cpath)
-    assert json.loads(qformat.safe_open(cpath).header.metadata["qformat"])["version"] == "1.0"
+    assert json.loads(qformat.safe_open(cpath).header.metadata["qformat"])["version"] == "1.2"
     assert np.array_equal(qformat.load_file(cpath)["w"].view(np.uint16), ref)
 
 

@@ -132,7 +132,7 @@ def test_recipe_mixed_precision(tmp_path):
     assert not any(n.startswith("model.layers.1.") and "down" not in n for n in d)
     assert "model.layers.1.mlp.down_proj.weight" in d  # the first matching rule wins
     qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
-    assert qc["quant_method"] == "qformat" and qc["spec_version"] == "1.0"
+    assert qc["quant_method"] == "qformat" and qc["spec_version"] == "1.2"  # the files record digests (SPEC.md §3.8)
     assert qc["rules"][0] == {"glob": "*.mlp.down_proj.weight", "scheme": "int", "bits": 8, "group_size": "none"}
     assert qc["rules"][1]["keep"] is True and qc["default"]["bits"] == 4
     assert len(s.quantized) == 2

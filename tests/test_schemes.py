@@ -511,6 +511,7 @@ def test_mx_bytes_match_ml_dtypes(scheme: str, seed: int) -> None:
     fmax = tables.float_formats()[fmt]["max"]
     bits = tables.float_formats()[fmt]["bits"]
     want = np.clip(y, -fmax, fmax).astype(_ML[fmt]).view(np.uint8) & ((1 << bits) - 1)
+    want[want == 1 << (bits - 1)] = 0  # a value that rounds to zero is written +0 (issue 24)
     assert np.array_equal(_codes(qt, bits), want)
 
 
@@ -531,6 +532,7 @@ def test_nvfp4_bytes_match_ml_dtypes(seed: int) -> None:
     with np.errstate(divide="ignore", invalid="ignore"):
         y = np.where(s_el > 0, x.astype(np.float64) / s_el, 0)
     want = np.clip(y, -6, 6).astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF
+    want[want == 8] = 0  # a value that rounds to zero is written +0 (issue 24)
     assert np.array_equal(_codes(qt, 4), want)
     d = qt.dequantize()
     assert np.array_equal(d, (want.view(ml_dtypes.float4_e2m1fn).astype(np.float32) * s_el.astype(np.float32)))

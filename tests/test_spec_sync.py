@@ -138,14 +138,26 @@ def test_title_states_spec_version(spec_text: str) -> None:
     first = spec_text.splitlines()[0]
     m = re.fullmatch(r"# qformat (\d+\.\d+)", first)
     assert m, f"SPEC.md must start with '# qformat MAJOR.MINOR', found {first!r}"
-    assert m.group(1) == "1.1"
+    assert m.group(1) == "1.2"
     assert m.group(1) == qformat.SPEC_VERSION
 
 
-def test_spec_cites_schema_file(spec_text: str) -> None:
-    path = "qformat/schema/qformat-1.0.schema.json"
+@pytest.mark.parametrize("path", ["qformat/schema/qformat-1.0.schema.json", "qformat/schema/qformat-1.2.schema.json"])
+def test_spec_cites_schema_file(spec_text: str, path: str) -> None:
     assert path in spec_text
     assert (SPEC.parent / path).is_file()
+
+
+def test_schema_1_2_is_1_0_plus_digests() -> None:
+    """qformat-1.2 accepts every 1.0 document and adds only the optional member 'digests' (§3.2)."""
+    import json
+
+    a = json.loads((SPEC.parent / "qformat/schema/qformat-1.0.schema.json").read_text(encoding="utf-8"))
+    b = json.loads((SPEC.parent / "qformat/schema/qformat-1.2.schema.json").read_text(encoding="utf-8"))
+    assert a["$defs"] == b["$defs"] and a["required"] == b["required"]
+    extra = {k: v for k, v in b["properties"].items() if k not in a["properties"]}
+    assert list(extra) == ["digests"]
+    assert {k: v for k, v in b["properties"].items() if k != "digests"} == a["properties"]
 
 
 def test_bcp14_boilerplate(spec_text: str) -> None:

@@ -58,8 +58,8 @@ def dequantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[st
     if ck.kind != "safetensors":
         raise error("CONVERT_UNSUPPORTED", f"{ck.path} is a {ck.kind} file; convert it with `qformat convert` first")
     described = QFormatSource().describe(ck) if ck.has_qformat() else Described()
-    dst = os.path.abspath(os.fspath(dst))
     as_folder = os.path.isdir(ck.path) or ck.sharded
+    dst = checkpoint_writer.resolve_destination(dst, as_folder, ck.files[0])
     if dst == ck.path or (not as_folder and dst in [os.path.join(ck.folder, f) for f in ck.files]):
         raise error(checkpoint_writer.DESTINATION_ERROR, f"the destination {dst} is the source itself")
     checkpoint_writer.check_destination(dst, as_folder, overwrite)

@@ -11,6 +11,7 @@ every file was written and checked.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, TextIO
@@ -27,6 +28,8 @@ from ..qtensor import rename_references
 from ..recipe import Choice, Decision, Recipe, choice as make_choice, decide, recipe_error
 
 SOURCE_ERROR = "QUANTIZE_SOURCE_QUANTIZED"
+#: The warning (an error with ``strict``) for group or block sizes that leave partial groups.
+PARTIAL_GROUPS = "QUANTIZE_PARTIAL_GROUPS"
 
 
 @dataclass
@@ -40,6 +43,8 @@ class QuantizeSummary:
     bytes: int = 0
     source_bytes: int = 0
     recipe: dict[str, Any] = field(default_factory=dict)
+    #: Warnings, each ``{"code", "message", "tensors", "targets"}`` (``QUANTIZE_PARTIAL_GROUPS``).
+    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def quantized_tensors(self) -> int:
@@ -47,7 +52,8 @@ class QuantizeSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {"files": self.files, "quantized": self.quantized, "quantized_tensors": self.quantized_tensors,
-                "kept": self.kept, "bytes": self.bytes, "source_bytes": self.source_bytes, "recipe": self.recipe}
+                "kept": self.kept, "bytes": self.bytes, "source_bytes": self.source_bytes, "recipe": self.recipe,
+                "warnings": self.warnings}
 
     def lines(self) -> list[str]:
         """The human summary: one line per scheme, one for the kept tensors, one total."""
@@ -66,6 +72,10 @@ def open_plain_source(src: str | os.PathLike[str]) -> Any:
 
     ck = Checkpoint(src)
     fmt = quantized_format(ck)
+    if fmt == "qformat":
+        raise error(SOURCE_ERROR, f"{ck.path} is already a qformat checkpoint; quantize takes plain checkpoints: "
+                                  f"`qformat dequantize {os.fspath(src)} PLAIN` gives one to quantize differently, "
+                                  f"`qformat convert {os.fspath(src)} DST --repack` rewrites it in the canonical layout")
     if fmt is not None:
         raise error(SOURCE_ERROR, f"{ck.path} holds quantized tensors ({fmt}); quantize takes plain checkpoints: "
                                   f"use `qformat convert {os.fspath(src)} DST` to turn it into qformat")
@@ -145,9 +155,112 @@ def verify_choices(decisions: list[Decision], infos: Mapping[str, Any], recipe_d
             raise
 
 
+def partial_axis(shape: tuple[int, ...], desc: Mapping[str, Any]) -> str | None:
+    """How a planned descriptor's blocks leave a partial group (a sentence), or None when every
+    group of every parameter is whole."""
+    params = [v for v in desc.values() if isinstance(v, Mapping) and isinstance(v.get("blocks"), Mapping)]
+    for prm in params:
+        b = prm["blocks"]
+        if b.get("type") == "flat":
+            n, size = int(np.prod(shape)), int(b["size"])
+            if n % size:
+                return f"{n} values in flat blocks of {size}: the last block holds {n % size}"
+            continue
+        for axis, (n, size) in enumerate(zip(shape, b.get("size") or ())):
+            if size is not None and n % int(size):
+                return f"{n} values along axis {axis} in groups of {size}: the last group holds {n % int(size)}"
+    return None
+
+
+def _whole_shape(shape: tuple[int, ...], desc: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """``shape`` grown to whole groups of the descriptor's blocks (grid: each axis; flat: the
+    last axis), None for a rank-0 tensor."""
+    if not shape:
+        return None
+    out = list(shape)
+    for v in desc.values():
+        b = v.get("blocks") if isinstance(v, Mapping) else None
+        if not isinstance(b, Mapping):
+            continue
+        if b.get("type") == "flat":  # grow the last axis until the flat blocks are whole
+            size, rest = int(b["size"]), math.prod(out[:-1]) if out else 1
+            while out and (rest * out[-1]) % size:
+                out[-1] += 1
+            continue
+        for axis, size in enumerate(b.get("size") or ()):
+            if size is not None and out[axis] % int(size):
+                out[axis] += int(size) - out[axis] % int(size)
+    return tuple(out)
+
+
+def refusing_targets(name: str, shape: tuple[int, ...], desc: Mapping[str, Any], comps: Mapping[str, tuple[str, Any]]) -> list[str]:
+    """The export targets whose mapping refuses a planned tensor (from its descriptor and
+    component specs alone; nothing is encoded)."""
+    from ..descriptor import parse_descriptor
+    from ..export import get, targets
+    from ..export.base import Context, Refusal
+    from ..sources import TensorInfo
+
+    class _Specs:
+        def info(self, n: str) -> TensorInfo | None:
+            c = comps.get(n)
+            return None if c is None else TensorInfo(c[0], tuple(c[1]))
+
+        def array(self, n: str) -> np.ndarray:
+            raise KeyError(n)
+
+    parsed = parse_descriptor(name, dict(desc))
+    out = []
+    for t in targets():
+        try:
+            get(t).map(name, parsed, Context(None, _Specs()))  # type: ignore[arg-type]
+        except Refusal:
+            out.append(t)
+        except Exception:  # noqa: BLE001 - a target that needs more than the plan cannot say
+            pass
+    return out
+
+
+def partial_group_warnings(decisions: list[Decision], infos: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One ``QUANTIZE_PARTIAL_GROUPS`` warning per choice whose group or block size leaves partial
+    groups in some tensor: the tensors, the first one's arithmetic, and the export targets that
+    refuse it.  Partial groups are valid qformat (SPEC.md §7), but most other formats have none."""
+    by_choice: dict[int, tuple[Choice, list[str], str, list[str]]] = {}
+    for d in decisions:
+        if d.choice is None:
+            continue
+        info = infos[d.name]
+        shape = tuple(info.shape)
+        desc, comps = schemes.plan(shape, d.choice.scheme, logical_dtype(info.dtype, d.choice.dtype), **d.choice.params)
+        why = partial_axis(shape, desc)
+        if why is None:
+            continue
+        entry = by_choice.get(id(d.choice))
+        if entry is None:
+            refusing = refusing_targets(d.name, shape, desc, comps)
+            whole = _whole_shape(shape, desc)
+            if whole is not None and refusing:  # only the targets that refuse it for its partial groups
+                wdesc, wcomps = schemes.plan(whole, d.choice.scheme, logical_dtype(info.dtype, d.choice.dtype), **d.choice.params)
+                anyway = set(refusing_targets(d.name, whole, wdesc, wcomps))
+                refusing = [t for t in refusing if t not in anyway]
+            by_choice[id(d.choice)] = (d.choice, [d.name], why, refusing)
+        else:
+            entry[1].append(d.name)
+    out = []
+    for choice, names, why, refusing in by_choice.values():
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        then = (f"; export --to {', --to '.join(refusing)} will refuse {'it' if len(names) == 1 else 'them'} (whole groups only)"
+                if refusing else "")
+        what = f"{label(choice)} leaves partial groups in {names[0]!r}{more} ({why})"
+        msg = f"{what}; the file is valid{then}; choose a size that divides the axis, or pass --strict to refuse"
+        out.append({"code": PARTIAL_GROUPS, "message": msg, "tensors": names, "targets": refusing,
+                    "strict_message": f"{what}{then}; choose a size that divides the axis (without --strict this is a warning)"})
+    return out
+
+
 def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str], scheme: str | None = None, recipe: Any = None, *,
                         max_shard_size: int | str | None = None, overwrite: bool = False, progress: TextIO | None = None,
-                        notice: Callable[[str], None] | None = None, **params: Any) -> QuantizeSummary:
+                        notice: Callable[[str], None] | None = None, strict: bool = False, **params: Any) -> QuantizeSummary:
     """Quantize the plain checkpoint ``src`` into a qformat checkpoint at ``dst``.
 
     ``src``: a folder (config.json with model.safetensors or a sharded index), a .safetensors
@@ -158,6 +271,10 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     rules.  A folder's other files and subfolders (tokenizer, sentence-transformers modules, ...)
     are carried unchanged (:func:`qformat.checkpoint.output.side_files`) and config.json gets
     qformat's ``quantization_config``.  Nothing is written unless everything succeeds.
+
+    A group or block size that leaves partial groups is a ``QUANTIZE_PARTIAL_GROUPS`` warning
+    (in ``summary.warnings`` and through ``notice``, naming the export targets that refuse such
+    tensors); with ``strict`` it is that error and nothing is written.
     """
     from ..convert.writer import verify_output
 
@@ -168,13 +285,21 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     infos = {n: ck.info(n) for n in names}
     decisions = decide(rec, infos, names)
     verify_choices(decisions, infos, recipe_default)
-    dst = os.path.abspath(os.fspath(dst))
+    warnings = partial_group_warnings(decisions, infos)
+    strict_messages = [w.pop("strict_message") for w in warnings]
+    if warnings and strict:
+        w = warnings[0]
+        raise error(PARTIAL_GROUPS, strict_messages[0], tensor=w["tensors"][0])
+    for w in warnings:
+        if notice is not None:
+            notice(f"warning: [{w['code']}] {w['message']}")
     as_folder = os.path.isdir(ck.path) or ck.sharded or max_shard_size is not None
+    dst = checkpoint_writer.resolve_destination(dst, as_folder, ck.files[0])
     if dst == ck.path or (not as_folder and dst in [os.path.join(ck.folder, f) for f in ck.files]):
         raise error(checkpoint_writer.DESTINATION_ERROR, f"the destination {dst} is the source itself")
     checkpoint_writer.check_destination(dst, as_folder, overwrite)
 
-    summary = QuantizeSummary(recipe=rec.to_dict())
+    summary = QuantizeSummary(recipe=rec.to_dict(), warnings=warnings)
     units: list[tuple[str, list[OutTensor], OutGroup | None, dict[str, Any] | None]] = []
     taken = set(names)
     for d in decisions:
@@ -231,7 +356,9 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
         from ..model import required_version
 
         alld = {k: v for d in descs.values() for k, v in d.items()}
-        qc = {"quant_method": "qformat", "spec_version": required_version(alld) if alld else "1.0", **rec.to_dict()}
+        from ..digests import written_version
+
+        qc = {"quant_method": "qformat", "spec_version": written_version(required_version(alld) if alld else "1.0"), **rec.to_dict()}
         summary.recipe = qc
         cfg = ck.config if (os.path.isdir(ck.path) or ck.sharded) else None
         if isinstance(cfg, dict):

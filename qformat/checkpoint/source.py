@@ -9,9 +9,11 @@ a pass over the checkpoint holds one tensor at a time.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import mmap
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -20,6 +22,21 @@ from ..errors import QFormatError, error
 from ..model import METADATA_KEY
 from ..pipeline import Component
 from ..sources import FileSource, TensorInfo
+
+
+#: Whether checkpoints opened now get ``qformat check``'s rules (see :func:`unchecked`).
+_CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("qformat_checked", default=True)
+
+
+@contextlib.contextmanager
+def unchecked() -> Iterator[None]:
+    """Open checkpoints inside this block without ``qformat check``'s rules (the CLI's
+    ``--no-check``): a damaged qformat file is then read as it is, at the user's risk."""
+    token = _CHECKED.set(False)
+    try:
+        yield
+    finally:
+        _CHECKED.reset(token)
 
 
 #: Side files (config.json, quanto_qmap.json, index files) larger than this are refused.
@@ -101,6 +118,11 @@ class Checkpoint:
                 self.kind = "gguf"
                 self.files = [base]
             else:
+                from ..check import not_safetensors
+
+                other = not_safetensors(self.path)  # a README or a .bin: said so, as check says it
+                if other is not None:
+                    raise other
                 self.files = [base]
         else:
             raise error("FILE_UNREADABLE", f"{self.path} does not exist")
@@ -110,6 +132,7 @@ class Checkpoint:
         self._where: dict[str, str] = {}
         self._config: Any = None
         self._config_read = False
+        twice: QFormatError | None = None
         if self.kind == "safetensors":
             for f in self.files:
                 # other ecosystems' files: null metadata is what the safetensors library reads
@@ -117,10 +140,43 @@ class Checkpoint:
                 self._headers[f] = h
                 for name in h.entries:
                     if name in self._where:
-                        raise source_error(f"tensor {name!r} is stored in both {self._where[name]} and {f}", tensor=name)
+                        twice = twice or source_error(f"tensor {name!r} is stored in both {self._where[name]} and {f}", tensor=name)
                     self._where[name] = f
+        #: ``qformat check``'s rules for a qformat checkpoint (None: not one, or :func:`unchecked`).
+        self.admission: Any = None
+        if self.kind == "safetensors" and self.files and _CHECKED.get():
+            self._admit()
+        if twice is not None:
+            raise twice
+
+    def _admit(self) -> None:
+        """The one rule (issue 24): a qformat checkpoint that ``qformat check`` refuses is refused
+        by every command that reads it, with check's code.  Header rules run here, for every
+        file (and the index); payload rules run per logical tensor when a command first reads one
+        of its stored tensors (:meth:`array`, :meth:`component`), on the pages it reads anyway."""
+        from ..check import Admission
+
+        index = os.path.join(self.folder, self.index_name) if self.index_name else None
+        adm = Admission([os.path.join(self.folder, f) for f in self.files], index)
+        adm.headers()
+        # Payload rules guard the tensors of qformat checkpoints; a plain or other-format
+        # checkpoint (whose bytes a converter validates by its own format's rules) gets the header rules.
+        self.admission = adm if self.has_qformat() else None
 
     def _read_index(self, name: str) -> None:
+        try:
+            self._parse_index(name)
+        except QFormatError:
+            if _CHECKED.get():  # the index rules of `qformat check`, with its codes (INDEX_INVALID, ...)
+                from ..check import check_index
+
+                _, probs = check_index(os.path.join(self.folder, name), payload=False)
+                for p in probs:
+                    if p.code.startswith("INDEX_"):
+                        raise error(p.code, p.message, tensor=p.tensor, field=p.field) from None
+            raise
+
+    def _parse_index(self, name: str) -> None:
         idx = read_json_file(os.path.join(self.folder, name))
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
         if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
@@ -161,7 +217,19 @@ class Checkpoint:
         return self._where[name]
 
     def array(self, name: str) -> np.ndarray:
-        """The stored tensor viewed (memory-mapped) in its storage dtype."""
+        """The stored tensor viewed (memory-mapped) in its storage dtype; in a qformat checkpoint
+        the payload rules of ``qformat check`` for the tensors it belongs to run first (once)."""
+        if self.admission is not None and self.admission.guards(name):
+            self.admission.tensor(name, _Unguarded(self))
+        return self._array(name)
+
+    def admit(self, name: str) -> None:
+        """Run ``qformat check``'s payload rules for the logical tensor ``name`` now (once), if
+        this is a checked qformat checkpoint: see :meth:`Admission.logical`."""
+        if self.admission is not None:
+            self.admission.logical(name, _Unguarded(self))
+
+    def _array(self, name: str) -> np.ndarray:
         f = self._where.get(name)
         if f is None:
             raise source_error(f"tensor {name!r} is not in the checkpoint", tensor=name)
@@ -178,7 +246,10 @@ class Checkpoint:
         f = self._where[name]
         h = self._headers[f]
         where = (os.path.join(self.folder, f), h.data_start + h.entries[name].begin)
-        return Component(TensorSpec(name, i.dtype, tuple(i.shape)), lambda: self.array(name), where)
+        admit = None
+        if self.admission is not None and self.admission.guards(name):  # copied bytes: checked as they are copied
+            admit = lambda: self.admission.tensor(name, _Unguarded(self)) if self.admission.guards(name) else None  # noqa: E731
+        return Component(TensorSpec(name, i.dtype, tuple(i.shape)), lambda: self.array(name), where, admit)
 
     def track(self, mm: mmap.mmap) -> None:
         """Have :meth:`release` drop the resident pages of another memory map of the source."""
@@ -232,6 +303,19 @@ class Checkpoint:
 
     def has_qformat(self) -> bool:
         return any(METADATA_KEY in (h.metadata or {}) for h in self._headers.values())
+
+
+class _Unguarded:
+    """A checkpoint's tensors read without the payload guard (the guard's own reads)."""
+
+    def __init__(self, ck: Checkpoint):
+        self.ck = ck
+
+    def info(self, name: str) -> TensorInfo | None:
+        return self.ck.info(name)
+
+    def array(self, name: str) -> np.ndarray:
+        return self.ck._array(name)
 
 
 def drop_pages(mm: mmap.mmap | None) -> None:

@@ -51,6 +51,9 @@ class OutTensor:
     produce: Callable[[], np.ndarray]
     #: (path, offset) of the tensor's bytes, unchanged, in another file: copied file to file.
     copy_from: tuple[str, int] | None = None
+    #: Run after a copied tensor is written (its source pages still hot): the source's
+    #: ``qformat check`` payload rules (:class:`qformat.check.Admission`); raising aborts the write.
+    admit: Callable[[], None] | None = None
 
 
 @dataclass
@@ -100,6 +103,36 @@ class IndexSpec:
 
     name: str = "model.safetensors.index.json"
     base: dict[str, Any] = field(default_factory=dict)
+
+
+#: Endings that make a destination a file (the one destination rule, :func:`resolve_destination`).
+FILE_SUFFIXES = (".safetensors", ".gguf")
+
+
+def resolve_destination(dst: str | os.PathLike[str], as_folder: bool, file_name: str) -> str:
+    """The one destination rule of every writing command (issue 24), as an absolute path.
+
+    ``dst`` ending in ``/`` or naming an existing folder is a folder; ending in ``.safetensors``
+    or ``.gguf`` it is a file.  A command whose output is a folder (``as_folder``) refuses a
+    file name; one whose output is a single file writes ``file_name`` into a folder, and
+    refuses a name that is neither (``CONVERT_DESTINATION_INVALID``, saying how to write it).
+    """
+    raw = os.fspath(dst)
+    path = os.path.abspath(raw)
+    is_folder = raw.endswith(("/", os.sep)) or os.path.isdir(path)
+    is_file = not is_folder and raw.lower().endswith(FILE_SUFFIXES)
+    if as_folder:
+        if is_file:
+            raise error(DESTINATION_ERROR, f"the destination {raw!r} names a file ({os.path.splitext(raw)[1]}), but this source "
+                        f"gives a folder (a folder or sharded checkpoint): name a folder, such as {os.path.splitext(raw)[0] + '/'!r}")
+        return path
+    if is_folder:
+        return os.path.join(path, file_name)
+    if is_file:
+        return path
+    raise error(DESTINATION_ERROR, f"the destination {raw!r} is neither a file ending in {' or '.join(FILE_SUFFIXES)} nor a "
+                f"folder: this source gives one file; write {os.path.join(raw, '')!r} to put {file_name} in that folder, "
+                f"or name the file, such as {raw + os.path.splitext(file_name)[1]!r}")
 
 
 def check_destination(dst: str, as_folder: bool, overwrite: bool) -> None:
@@ -156,7 +189,8 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
                 write_grouped(path, plan, producers, f.groups, written, sync=False)
             else:
                 copies = {t.spec.name: t.copy_from for t in f.tensors if t.copy_from is not None}
-                write_planned(path, plan, lambda s, p=producers: p[s.name](), written, copies, sync=False)
+                admits = {t.spec.name: t.admit for t in f.tensors if t.copy_from is not None and t.admit is not None}
+                write_planned(path, plan, lambda s, p=producers: p[s.name](), _admitting(admits, written), copies, sync=False)
             pending.append(syncer.submit(fsync_path, path))
             if verify is not None:
                 verify(path)
@@ -195,6 +229,22 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
         raise
     syncer.shutdown(wait=False)
     return [os.path.join(dst, f.name) for f in files]
+
+
+def _admitting(admits: Mapping[str, Callable[[], None]], written: Callable[[TensorSpec], None] | None) -> Callable[[TensorSpec], None] | None:
+    """``written`` preceded by each copied tensor's ``admit`` (the source's payload rules, run
+    per tensor as it is copied: no extra pass over the source)."""
+    if not admits:
+        return written
+
+    def done(spec: TensorSpec) -> None:
+        a = admits.get(spec.name)
+        if a is not None:
+            a()
+        if written is not None:
+            written(spec)
+
+    return done
 
 
 def copy_side_files(folder: str, side_files: Iterable[SideFile | str], skip: Iterable[str] = ()) -> list[str]:
@@ -290,6 +340,7 @@ def write_grouped(path: str, plan: FilePlan, producers: Mapping[str, Callable[[]
         off += t.nbytes
     done: set[str] = set()
     specs = {s.name: s for s in plan.order}
+    found: dict[str, Any] = {}  # stored name -> its digest (SPEC.md §3.8), computed as it is written
     with atomic_write(path, "wb", sync=sync) as f:
         f.write(plan.header)
         f.truncate(plan.size)
@@ -305,11 +356,12 @@ def write_grouped(path: str, plan: FilePlan, producers: Mapping[str, Callable[[]
                     raise error("SAVE_INVALID", f"produced tensors {sorted(arrays)}, planned {sorted(g.names)}", tensor=t.name)
             for n in list(arrays):
                 f.seek(offsets[n])
-                container.write_array(f, container.checked_array(specs[n], arrays[n]))
+                container.write_array(container.digest_sink(f, n, plan, found), container.checked_array(specs[n], arrays[n]))
                 done.add(n)
                 if written is not None:
                     written(specs[n])
             del arrays
+        container.write_digests(f, plan, found)
 
 
 def write_planned(path: str, plan: FilePlan, produce: Callable[[TensorSpec], np.ndarray],

@@ -111,7 +111,7 @@ class Described:
         if name in self.added:
             raise KeyError(f"tensor {name!r} added twice")
         if isinstance(array, Component):
-            self.added[name] = Component(TensorSpec(name, array.spec.dtype, array.spec.shape), array.produce, array.copy_from)
+            self.added[name] = Component(TensorSpec(name, array.spec.dtype, array.spec.shape), array.produce, array.copy_from, array.admit)
         else:
             self.added[name] = np.asarray(array)
         return name

@@ -101,7 +101,7 @@ def relayout(described: Described, moves: Mapping[str, Move]) -> Described:
             if follows.get(c):
                 out.added[new] = _rows_of(comp, mv.rows, new)  # type: ignore[arg-type]
             else:
-                out.added[new] = Component(TensorSpec(new, comp.spec.dtype, comp.spec.shape), comp.produce, comp.copy_from)
+                out.added[new] = Component(TensorSpec(new, comp.spec.dtype, comp.spec.shape), comp.produce, comp.copy_from, comp.admit)
     for old in described.plain:
         mv = moves.get(old)
         if mv is None:
@@ -114,8 +114,9 @@ def relayout(described: Described, moves: Mapping[str, Move]) -> Described:
             comp = Component(TensorSpec(mv.name, dtype, tuple(shape)), lambda c=comp, fn=fn: np.asarray(fn(np.asarray(c.produce()))))
         if mv.rows is not None:
             comp = _rows_of(comp, mv.rows, mv.name)
+        kept = mv.values is None and mv.rows is None
         out.plain[mv.name] = Component(TensorSpec(mv.name, comp.spec.dtype, comp.spec.shape), comp.produce,
-                                       comp.copy_from if mv.values is None and mv.rows is None else None)
+                                       comp.copy_from if kept else None, comp.admit if kept else None)
     return out
 
 

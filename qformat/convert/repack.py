@@ -160,6 +160,16 @@ def _file_range(src: Any, name: str) -> tuple[str, int] | None:
         return None
 
 
+def _admit_of(src: Any, name: str, where: Any) -> Any:
+    """The copied source tensor's payload check (``OutTensor.admit``; None when not copied)."""
+    if where is None:
+        return None
+    try:
+        return src.component(name).admit
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _repack(prefix: str, desc: Descriptor, src: Source, comps: dict[str, Component], renamed: dict[str, str]) -> dict[str, Any]:
     original = desc
     desc, get_src, infos = _canonical(desc, src)
@@ -187,7 +197,7 @@ def _repack(prefix: str, desc: Descriptor, src: Source, comps: dict[str, Compone
             return canonical_copy(words, cdesc.shape[-1], el.bits)
         return pack_canonical(read_codes(cdesc, get_src(), full_region(cdesc.shape)), el.bits)
 
-    comps[codes_name] = Component(TensorSpec(codes_name, "U8", out_shape), codes, where)
+    comps[codes_name] = Component(TensorSpec(codes_name, "U8", out_shape), codes, where, _admit_of(src, desc.codes.tensor, where))
     d: dict[str, Any] = {"shape": list(desc.shape), "dtype": desc.dtype, "codes": codes_entry(codes_name, element, len(desc.shape))}
     for p in desc.params():
         d[p.role] = _param(prefix, desc, p, src, get_src, infos, comps, renamed, direct=desc is original)
@@ -227,7 +237,7 @@ def _param(prefix: str, desc: Descriptor, p: Param, src: Source, get_src: Callab
     # np.ascontiguousarray makes a 0-d array 1-d: a rank-0 parameter is stored with shape [1] (as always).
     same = direct and tuple(order) == tuple(range(len(grid))) and math.prod(grid) == math.prod(_info(infos, tensor)[1] or (1,))
     where = _file_range(src, tensor) if same else None  # stored in grid order: the source's bytes
-    comps[pname] = Component(TensorSpec(pname, _info(infos, tensor)[0], grid or (1,)), values, where)
+    comps[pname] = Component(TensorSpec(pname, _info(infos, tensor)[0], grid or (1,)), values, where, _admit_of(src, tensor, where))
     out["tensor"] = pname
     return out
 

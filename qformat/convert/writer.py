@@ -183,8 +183,9 @@ def write(ck: Checkpoint, described: Described, dst: str, repack: bool = False, 
     tensor is produced (copied from the source's memory map, repacked, or made by the
     converter) and written one at a time, the source's pages released after each.
     """
-    dst = os.path.abspath(dst)
     as_folder = (ck.kind == "safetensors" and (os.path.isdir(ck.path) or ck.sharded)) or model_folder is not None
+    dst = checkpoint_writer.resolve_destination(dst, as_folder, ck.files[0] if ck.kind == "safetensors" else
+                                                os.path.splitext(ck.files[0])[0] + ".safetensors")
     if dst == ck.path or (not as_folder and dst in [os.path.join(ck.folder, f) for f in ck.files]):
         raise error("CONVERT_DESTINATION_INVALID", f"the destination {dst} is the source itself")
     checkpoint_writer.check_destination(dst, as_folder, overwrite)
@@ -223,7 +224,9 @@ def repacked_config(ck: Checkpoint, descriptors: Mapping[str, Mapping[str, Any]]
     source = ck.quantization_config()
     recorded = source if isinstance(source, dict) and source.get("quant_method") == "qformat" else {}
     alld = {n: d for per_file in descriptors.values() for n, d in per_file.items()}
-    qc = {"quant_method": "qformat", "spec_version": required_version(alld) if alld else "1.0"}
+    from ..digests import written_version
+
+    qc = {"quant_method": "qformat", "spec_version": written_version(required_version(alld) if alld else "1.0")}
     qc.update((k, v) for k, v in recorded.items() if k not in qc)
     return cfg, qc
 

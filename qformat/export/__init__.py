@@ -68,6 +68,8 @@ def plan_export(target: Target, ck: Any, described: Any, ctx: Context, report: R
         except Refusal as r:
             fb = target.fallback(name, desc, ctx) if ctx.allow_rounding else None
             if fb is None:
+                if hasattr(ck, "admit"):
+                    ck.admit(name)  # a tensor `qformat check` refuses is refused with check's code first
                 raise unmappable(name, target.name, r.reason) from None
             scheme, params = fb
             planned, _ = scheme_plan(desc.shape, scheme, desc.dtype, **params)
@@ -120,7 +122,11 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str], to: str, *,
     ctx = Context(ck, CombinedSource(ck, described), allow_rounding=allow_rounding, options=dict(options, progress=progress, overwrite=overwrite))
     report = Report(target=target.name)
     plan = plan_export(target, ck, described, ctx, report)
-    dst = os.path.abspath(os.fspath(dst))
+    from ..checkpoint.writer import resolve_destination
+
+    as_folder = target.name != "gguf" and ck.kind == "safetensors" and (os.path.isdir(ck.path) or ck.sharded)
+    stem = ck.files[0] if ck.kind == "safetensors" else os.path.splitext(ck.files[0])[0] + ".safetensors"
+    dst = resolve_destination(dst, as_folder, os.path.splitext(stem)[0] + ".gguf" if target.name == "gguf" else stem)
     if dst == ck.path or dst in [os.path.join(ck.folder, f) for f in ck.files]:
         raise error("CONVERT_DESTINATION_INVALID", f"the destination {dst} is the source itself")
     report.files = target.write(dst, plan, ctx)

@@ -764,7 +764,8 @@ class GGUF(Target):
     title = "GGUF (llama.cpp / ggml)"
     exact_schemes = (("int", {"bits": 8, "group_size": 32, "scale_dtype": "float16"}),
                      ("int", {"bits": 4, "group_size": 32, "scale_dtype": "float16"}),
-                     ("int", {"bits": 5, "group_size": 32, "scale_dtype": "float16"}))
+                     ("int", {"bits": 5, "group_size": 32, "scale_dtype": "float16"}),
+                     ("mxfp4", {}))
 
     def __init__(self) -> None:
         self._models: dict[int, _Model] = {}

@@ -223,7 +223,7 @@ class MLX(Target):
     exact_schemes = (("int", {"bits": 8, "group_size": 128, "symmetric": False, "scale_dtype": "float16"}),
                      ("int", {"bits": 4, "group_size": 64, "symmetric": False, "scale_dtype": "float16"}),
                      ("int", {"bits": 4, "group_size": 32, "symmetric": False, "scale_dtype": "bfloat16"}),
-                     ("mxfp4", {}))
+                     ("mxfp4", {}), ("mxfp8_e4m3", {}), ("nvfp4", {}))
 
     def map(self, name: str, desc: Descriptor | None, ctx: Context) -> Mapped:
         if desc is None:

@@ -99,6 +99,15 @@ def float_codes(y: np.ndarray, fmt: str) -> np.ndarray:
     return c
 
 
+def positive_zero(c: np.ndarray, bits: int) -> np.ndarray:
+    """Float element codes with every negative zero (sign bit alone, code ``1 << (bits - 1)``)
+    replaced by +0, in place (uint8 codes): a value that rounds to zero is written +0, the
+    only zero ggml's MXFP4/NVFP4 tables and MLX's formats give back (issue 24), so the
+    encoders' output exports exactly.  Returns ``c``."""
+    c[c == np.uint8(1 << (bits - 1))] = 0
+    return c
+
+
 def tie_suspects(q: np.ndarray, m: int) -> np.ndarray:
     """Flat indices of the nonzero binary32 values in ``q`` with at most m + 2 significant bits.
 

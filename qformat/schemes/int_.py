@@ -171,13 +171,25 @@ def _per_group(v: np.ndarray, lead: tuple[int, ...], ng: int, ax: int | None) ->
     return r.reshape(()) if ax is None else np.moveaxis(r, -1, ax)
 
 
+def default_scale_dtype(dtype: str) -> str:
+    """The scale dtype when none is given: bfloat16 for a bfloat16 logical dtype, else float16.
+
+    Why: a bfloat16 model runs with bfloat16 activations, and the native CPU kernels
+    (qformat_torch.kernels) take their scales in the activations' dtype; bfloat16 scales reach
+    them as stored, with no rounding.  Their cost is nil where it matters: on bfloat16 weights
+    int4 g32 / g128 and int8 per channel measured the same SQNR with either scale dtype (to
+    0.02 dB), int8 g32 0.1 dB lower.  float16 stays the default elsewhere (three more bits of
+    scale, and GGUF's Q4_0 / Q8_0 take float16 scales as they are)."""
+    return "bfloat16" if dtype == "bfloat16" else "float16"
+
+
 def plan(shape: tuple[int, ...], dtype: str, bits: Any = 4, group_size: Any = 32, axis: Any = -1, symmetric: Any = True,
-         scale_dtype: Any = "float16") -> Planned:
+         scale_dtype: Any = None) -> Planned:
     """What :func:`encode` writes for an array of ``shape`` (see :data:`~qformat.schemes.registry.Planned`)."""
     b = check_int("bits", bits, 2, 8)
     g = check_int("group_size", group_size, 1, allow_none=True)
     sym = check_bool("symmetric", symmetric)
-    sdt = check_choice("scale_dtype", scale_dtype, _SCALE_DTYPES)
+    sdt = check_choice("scale_dtype", default_scale_dtype(dtype) if scale_dtype is None else scale_dtype, _SCALE_DTYPES)
     rank = len(shape)
     ax = check_axis("axis", axis, rank)
     sizes: list[int | None] = [1] * rank
@@ -202,12 +214,13 @@ def plan(shape: tuple[int, ...], dtype: str, bits: Any = 4, group_size: Any = 32
 
 @register("int", plan)
 def encode(x: np.ndarray, *, dtype: str, bits: Any = 4, group_size: Any = 32, axis: Any = -1,
-           symmetric: Any = True, scale_dtype: Any = "float16") -> QTensor:
-    """Integer codes with a scale per ``group_size`` elements along ``axis`` (None: whole axis)."""
+           symmetric: Any = True, scale_dtype: Any = None) -> QTensor:
+    """Integer codes with a scale per ``group_size`` elements along ``axis`` (None: whole axis).
+    ``scale_dtype``: float16, bfloat16 or float32; None: :func:`default_scale_dtype` of ``dtype``."""
     b = check_int("bits", bits, 2, 8)
     g = check_int("group_size", group_size, 1, allow_none=True)
     sym = check_bool("symmetric", symmetric)
-    sdt = check_choice("scale_dtype", scale_dtype, _SCALE_DTYPES)
+    sdt = check_choice("scale_dtype", default_scale_dtype(dtype) if scale_dtype is None else scale_dtype, _SCALE_DTYPES)
     rank = x.ndim
     ax = check_axis("axis", axis, rank)
     sizes: list[int | None] = [1] * rank

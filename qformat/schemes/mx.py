@@ -26,7 +26,7 @@ from ._common import (
     cast_codes, cells, check_int, codes_entry, emax, grid_array, grid_blocks, map_chunks, pack, packed_shape, resolve_sizes, uncells,
 )
 from . import _float_fast
-from ._float_fast import float_codes, pack_stream, packs_flat, row_amax, whole_bytes
+from ._float_fast import float_codes, pack_stream, packs_flat, positive_zero, row_amax, whole_bytes
 
 #: scheme id -> element format name ("int8" for MXINT8).
 FORMATS = {
@@ -62,6 +62,7 @@ def _blocks(scheme: str, xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         c = np.clip(np.rint(y * y.dtype.type(1 << _INT8_FRAC)), -127, 127).astype(np.int8)
     else:
         c = float_codes(y, fmt) if y.dtype == np.float32 else cast_codes(y, fmt)
+        c = positive_zero(c, int(tables.float_formats()[fmt]["bits"]))  # -0 codes -> +0
     return c, e[:, 0]
 
 

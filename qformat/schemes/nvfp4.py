@@ -19,7 +19,7 @@ from ._common import (
     F32_TINY, cast_codes, cells, codes_entry, f32, grid_array, grid_blocks, map_chunks, pack, packed_shape, resolve_sizes, round_float, uncells,
 )
 from . import _float_fast
-from ._float_fast import float_codes, row_amax, tie_suspects
+from ._float_fast import float_codes, positive_zero, row_amax, tie_suspects
 
 BLOCK = 16
 _E4M3_MIN = 2.0**-9  # smallest positive E4M3 (a subnormal)
@@ -108,6 +108,7 @@ def encode(x: np.ndarray, *, dtype: str) -> QTensor:
             with np.errstate(divide="ignore", invalid="ignore"):
                 y = np.where(s[:, None] > 0, b / np.where(s > 0, s, 1.0)[:, None], 0.0)
             c = cast_codes(y, "e2m1fn")
+        c = positive_zero(c, 4)  # a value that rounds to zero is +0 (issue 24)
         out[lo * per:hi * per] = pack(c.reshape(-1), 4) if paired else c.reshape(-1)
 
     map_chunks(blocks, n, xb.shape[1], _float_fast.CHUNK_ELEMENTS)

@@ -27,11 +27,13 @@ export interface Tensor {
 
 /** An opened file: the container is checked and the qformat object interpreted. */
 export class QFile {
-  constructor(src: ByteSource);
+  /** `verify`: check a 1.2 file's digests (SPEC.md §3.8) of each tensor's stored bytes before it is first read. */
+  constructor(src: ByteSource, opts?: { verify?: boolean; sha256?: (bytes: Uint8Array) => string });
   /** Logical and plain tensor names, sorted by code point (components are not listed). */
   keys(): string[];
   /** `__metadata__` without the `qformat` member. */
-  metadata(): Record<string, string>;
+  metadata(): Record<string, string> | null;
+  fileOrder(): string[];
   /** Every problem found without decoding payload (file scope, then per tensor). */
   problems(): QFormatError[];
   /** The descriptor of a logical tensor as JSON (null for a plain tensor). */
@@ -49,11 +51,14 @@ export class QFile {
 }
 
 /** Open a file held in memory (browser or Node). */
-export function openFile(bytes: ArrayBuffer | ArrayBufferView): QFile;
+export function openFile(bytes: ArrayBuffer | ArrayBufferView, opts?: { verify?: boolean; sha256?: (bytes: Uint8Array) => string }): QFile;
 export function openSource(src: ByteSource): QFile;
 export function memorySource(bytes: ArrayBuffer | ArrayBufferView): ByteSource;
-/** Every problem of a file, as a checker reports them (SPEC.md §12). */
-export function check(input: ArrayBuffer | ArrayBufferView | ByteSource): QFormatError[];
+/** Every problem of a file, as a checker reports them (SPEC.md §12); `digests`: also verify a 1.2 file's digests (§3.8). */
+export function check(input: ArrayBuffer | ArrayBufferView | ByteSource,
+                      opts?: { strict?: boolean; digests?: boolean; sha256?: (bytes: Uint8Array) => string }): QFormatError[];
+/** SHA-256 (FIPS 180-4) of `bytes` as 64 lower-case hexadecimal digits: portable and synchronous. */
+export function sha256Hex(bytes: Uint8Array): string;
 
 /** Encode tensors as a plain safetensors file (logical dtypes map to F32, F16, BF16). */
 export function encodeSafetensors(

@@ -149,7 +149,7 @@ def _load_plain(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any) -> A
 
 
 def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, packed: bool = False,
-              device: Any = None, exact: bool = True, read_log: list | None = None) -> dict[str, Any]:
+              device: Any = None, exact: bool = True, read_log: list | None = None, verify: bool = False) -> dict[str, Any]:
     """Every tensor of a qformat (or plain safetensors) file as JAX arrays.
 
     * Quantized tensors are decoded on the device by the jitted jax.numpy decoder, bit-exact
@@ -169,14 +169,16 @@ def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, pa
 
     A sharded checkpoint's ``*.safetensors.index.json`` loads every shard (:func:`load_checkpoint`).
     Errors are :class:`qformat.QFormatError` with the core's codes, as for ``qformat.load_file``.
+    ``verify``: check the digests a 1.2 file records (SPEC.md §3.8) of each tensor's stored bytes
+    before it is read (DIGEST_MISMATCH, DIGEST_UNSUPPORTED).
     """
     if is_index(path):
-        return load_checkpoint(path, sharding=sharding, packed=packed, device=device, exact=exact, read_log=read_log)
-    with qformat.safe_open(path) as f:
+        return load_checkpoint(path, sharding=sharding, packed=packed, device=device, exact=exact, read_log=read_log, verify=verify)
+    with qformat.safe_open(path, verify=verify) as f:
         for probs in f.model.tensor_problems.values():
             raise_first(probs)
         out: dict[str, Any] = {}
-        for name in f.keys():
+        for name in f.file_order():
             shape = f.shape(name)
             shard = _sharding_for(sharding, name, shape)
             if f.is_quantized(name):

@@ -26,6 +26,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from qformat.decode import decode as np_decode
+from qformat.decode import native_covers
 from qformat.descriptor import Descriptor
 from qformat.elements import float_lut
 from qformat.packing import Packing, inverse_permutation, slot_shifts
@@ -257,6 +259,17 @@ def round_to(x: torch.Tensor, dtype: str) -> torch.Tensor:
     return x if dtype == "float32" else x.to(LOGICAL_TORCH[dtype])
 
 
+def _numpy_of(out: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a contiguous CPU tensor in the core's logical dtype (bfloat16 as
+    ml_dtypes' bfloat16, which torch's ``.numpy()`` does not export)."""
+    t = out.detach()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
 def _check_out(out: torch.Tensor, shape: tuple[int, ...], dt: torch.dtype, device: torch.device) -> None:
     if tuple(out.shape) != shape or out.dtype != dt or not out.is_contiguous() or out.device != torch.device(device):
         raise ValueError(f"out must be a contiguous {dt} tensor of shape {shape} on {device}, found {out.dtype} {tuple(out.shape)} on {out.device}")
@@ -284,6 +297,12 @@ def decode(desc: Descriptor, src: TorchSource, region: Region | None = None, ten
         out = _empty_out(out_shape, dt, src.device)
     else:
         _check_out(out, out_shape, dt, src.device)
+    if src.device.type == "cpu" and native_covers(desc):
+        # the core's native fused kernel (qformat.kernels) writes straight into ``out``'s memory:
+        # the same bits as the torch steps below, in one pass; torch's thread setting is its
+        # thread count
+        np_decode(desc, numpy_view(src), region, tensor=tensor, out=_numpy_of(out), threads=torch.get_num_threads())
+        return out
     if _fast_decode(desc, src, region, out):
         return out
     lo0 = region[0][0]

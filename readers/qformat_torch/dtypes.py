@@ -18,7 +18,7 @@ import torch
 from qformat import dtypes as qdtypes
 from qformat.errors import error
 
-#: safetensors storage dtype name -> torch dtype (F4 / F6_* have none: PLAIN_DTYPE_UNSUPPORTED).
+#: safetensors storage dtype name -> torch dtype (F4 reads as float4_e2m1fn_x2, F6_* as raw U8 bytes: numpy_to_torch).
 STORAGE_TORCH: dict[str, torch.dtype] = {
     "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "U16": torch.uint16, "I16": torch.int16,
     "U32": torch.uint32, "I32": torch.int32, "U64": torch.uint64, "I64": torch.int64,
@@ -59,6 +59,10 @@ def numpy_to_torch(a: np.ndarray, device: Any = "cpu", dtype_name: str | None = 
     ``dtype_name`` is the safetensors dtype of the storage (default: derived from ``a.dtype``).
     """
     name = dtype_name or qdtypes.storage_name(a.dtype)
+    if name == "F4":
+        return _f4_to_torch(a, device)
+    if name in ("F6_E2M3", "F6_E3M2"):  # read as raw bytes (SPEC.md §2.6)
+        name = "U8"
     if name is None or name not in STORAGE_TORCH:
         raise error("PLAIN_DTYPE_UNSUPPORTED", f"array dtype {a.dtype} has no torch dtype")
     target = STORAGE_TORCH[name]
@@ -71,6 +75,21 @@ def numpy_to_torch(a: np.ndarray, device: Any = "cpu", dtype_name: str | None = 
     else:
         t = torch.from_numpy(c.view(_INT_NP[c.dtype.itemsize])).view(target)
     return t.to(device)
+
+
+def _f4_to_torch(a: np.ndarray, device: Any) -> torch.Tensor:
+    """Plain F4 values (one ml_dtypes float4_e2m1fn per element, SPEC.md §2.6) as torch's
+    ``float4_e2m1fn_x2``, two values a byte, the last axis halved, as safetensors returns them;
+    PLAIN_DTYPE_UNSUPPORTED where the last axis is odd (or the tensor has rank 0)."""
+    x2 = getattr(torch, "float4_e2m1fn_x2", None)
+    if x2 is None or a.ndim == 0 or a.shape[-1] % 2:
+        raise error("PLAIN_DTYPE_UNSUPPORTED", f"an F4 array of shape {list(a.shape)} has no torch dtype: torch holds F4 values "
+                                               "in pairs (float4_e2m1fn_x2) along an even last axis")
+    codes = np.ascontiguousarray(a).view(np.uint8)
+    packed = (codes[..., 0::2] & 0x0F) | (codes[..., 1::2] << 4)
+    if packed.size == 0:
+        return torch.empty(packed.shape, dtype=x2, device=device)
+    return torch.from_numpy(np.ascontiguousarray(packed)).view(x2).to(device)
 
 
 def torch_to_numpy(t: torch.Tensor) -> np.ndarray:

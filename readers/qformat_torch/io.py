@@ -19,7 +19,8 @@ import qformat
 from qformat.errors import error, raise_first
 from qformat.index import is_index
 from qformat.io import SafeOpen as CoreSafeOpen
-from qformat.io import parse_index, squeezed_shape
+from qformat.io import Slice as CoreSlice
+from qformat.io import index_plan, parse_index
 from qformat.regions import Region
 
 from .dtypes import numpy_to_torch, torch_to_numpy
@@ -35,8 +36,8 @@ class SafeOpen:
     validates the file; this class only produces torch tensors from it.
     """
 
-    def __init__(self, path: str | os.PathLike[str], device: Any = "cpu"):
-        self.core = CoreSafeOpen(path)
+    def __init__(self, path: str | os.PathLike[str], device: Any = "cpu", verify: bool = False):
+        self.core = CoreSafeOpen(path, verify=verify)
         self.device = torch.device(device)
         self.path, self.header, self.model = self.core.path, self.core.header, self.core.model
 
@@ -53,7 +54,7 @@ class SafeOpen:
     def keys(self) -> list[str]:
         return self.core.keys()
 
-    def metadata(self) -> dict[str, str]:
+    def metadata(self) -> dict[str, str] | None:
         return self.core.metadata()
 
     def is_quantized(self, name: str) -> bool:
@@ -113,8 +114,8 @@ class SafeOpen:
 
 
 class Slice:
-    """``get_slice(name)[...]``: integers and step-1 slices decode just that box (the core's
-    index parsing, :func:`qformat.io.parse_index`)."""
+    """``get_slice(name)[...]``: decodes just the box the index spans, then indexes it (the
+    core's index parsing, :func:`qformat.io.index_plan`): NumPy indexing of the decoded tensor."""
 
     def __init__(self, f: SafeOpen, name: str):
         self._f, self._name = f, name
@@ -123,36 +124,43 @@ class Slice:
         return list(self._f.shape(self._name))
 
     def __getitem__(self, key: Any) -> torch.Tensor:
-        region, squeeze = parse_index(self._f.shape(self._name), key, self._name)
-        return self._f.read(self._name, region).reshape(squeezed_shape(region, squeeze))
+        if not self._f.is_quantized(self._name):  # NumPy indexing of the stored array, then one copy to torch
+            e = self._f.header.entries[self._name]
+            return numpy_to_torch(CoreSlice(self._f.core, self._name)[key], self._f.device, e.dtype)
+        plan = index_plan(self._f.shape(self._name), key, self._name)
+        return self._f.read(self._name, plan.region)[plan.post].reshape(plan.shape)
 
     def qtensor(self, key: Any) -> TorchQTensor:
         """The block-aligned box ``key`` as a standalone, still packed :class:`TorchQTensor`."""
         return self._f.get_qtensor_slice(self._name, key)
 
 
-def safe_open(path: str | os.PathLike[str], framework: str = "pt", device: Any = "cpu") -> SafeOpen:
-    """Open a qformat (or plain safetensors) file lazily; tensors come back as torch tensors."""
+def safe_open(path: str | os.PathLike[str], framework: str = "pt", device: Any = "cpu", verify: bool = False) -> SafeOpen:
+    """Open a qformat (or plain safetensors) file lazily; tensors come back as torch tensors.
+    ``verify``: check a 1.2 file's digests (SPEC.md §3.8) of each tensor's stored bytes first
+    (DIGEST_MISMATCH, DIGEST_UNSUPPORTED), as :func:`qformat.safe_open`."""
     if framework not in ("pt", "torch", "pytorch"):
         raise error("FRAMEWORK_UNKNOWN", f"the torch reader returns torch tensors (framework 'pt'), found {framework!r}")
-    return SafeOpen(path, device)
+    return SafeOpen(path, device, verify)
 
 
-def load_file(path: str | os.PathLike[str], device: Any = "cpu", dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def load_file(path: str | os.PathLike[str], device: Any = "cpu", dtype: torch.dtype | None = None,
+              verify: bool = False) -> dict[str, torch.Tensor]:
     """Every tensor of a file, or of a sharded checkpoint given its ``*.safetensors.index.json``,
     on ``device``; quantized ones decoded to their logical dtype.
 
     ``dtype`` (optional) converts every floating-point tensor afterwards with ``.to(dtype)``:
     quantized tensors are first decoded to their logical dtype exactly as the spec says, so the
     result is that value converted (exact when widening).  Integer tensors are left alone.
+    ``verify``: check the digests a 1.2 file records (SPEC.md §3.8) before returning a tensor.
     """
     if is_index(path):
-        out = load_checkpoint(path, device)
+        out = load_checkpoint(path, device, verify)
     else:
-        with safe_open(path, device=device) as f:
+        with safe_open(path, device=device, verify=verify) as f:
             for probs in f.model.tensor_problems.values():
                 raise_first(probs)
-            out = {name: f.get_tensor(name) for name in f.keys()}
+            out = {name: f.get_tensor(name) for name in f.core.file_order()}
     if dtype is not None:
         out = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in out.items()}
     return out
@@ -182,14 +190,14 @@ def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str], metadata
     qformat.save_file(core, path, metadata)
 
 
-def load_checkpoint(path: str | os.PathLike[str], device: Any = "cpu") -> dict[str, torch.Tensor]:
+def load_checkpoint(path: str | os.PathLike[str], device: Any = "cpu", verify: bool = False) -> dict[str, torch.Tensor]:
     """Every tensor of a file, or of a sharded checkpoint given its ``*.safetensors.index.json``.
 
     The index is checked against each shard with the core's rules (INDEX_INVALID, INDEX_MISMATCH).
     """
     from qformat.checkpoint import load_checkpoint as load_shards
 
-    return load_shards(path, lambda p: load_file(p, device))
+    return load_shards(path, lambda p: load_file(p, device, verify=verify))
 
 
 def conformance_reader(path: str) -> dict[str, np.ndarray]:

@@ -13,11 +13,21 @@ form in binary32) equals qformat's decoded weight, bit for bit.  The kernels tak
 (and zero points) in the activations' dtype, so a mapping is exact only where every stored
 parameter is representable in that dtype: bfloat16 scales into the bfloat16 kernels, and a
 float32 logical dtype (a bfloat16 or float16 logical dtype rounds ``q * s``, which the kernel
-does not).  Exact mappings run by default (policy ``"auto"``); mappings that round a parameter
-(float16 scales to bfloat16, an int4 zero point folded into a bfloat16 offset) only under policy
-``"native"``.  The outputs still differ from ``F.linear(x, W.to(x.dtype))``: the kernel keeps the
-binary32 weight where F.linear rounds it to bfloat16, and sums in its own order (binary32
-accumulation); see tests/readers/test_torch_kernels.py for the bound.
+does not).
+
+Policies.  ``"auto"`` (the default) takes a kernel wherever each weight it multiplies is within
+a relative ``2^-8`` (one bfloat16 rounding) per rounding step of qformat's decoded weight, so
+that the output obeys :func:`error_bound` with ``weight_roundings`` (``Prepared.roundings``)
+counted: the logical dtype's rounding of ``q * s`` (bfloat16; float16 where every nonzero
+``q * s`` is a normal float16 number) and float16 (or float32) scales rounded to bfloat16.  A
+bfloat16 model quantized with qformat's defaults (bfloat16 scales for a bfloat16 logical dtype)
+has ``roundings == 1``: the kernel multiplies ``q * s`` exactly as stored, the decoded weight is
+its bfloat16 rounding.  ``"native"`` also takes mappings whose error is not relative to the
+weight (an int4 zero point folded into a bfloat16 offset ``(8 + emin - z) * s``, non-integral
+zero points, float16 logical values that could be subnormal).  ``"decode"`` never takes a kernel:
+``F.linear(x, W.to(x.dtype))`` bit for bit.  The outputs of a kernel differ from the decode
+path's: the kernel keeps the binary32 weight where F.linear rounds it to bfloat16, and sums in
+its own order (binary32 accumulation); see tests/readers/test_torch_kernels.py for the bound.
 
 Torch's native ops used here are private (underscore) ATen ops.  Each is used only after a
 capability probe at first use (the op exists, accepts the call, and is right on a tiny input
@@ -45,8 +55,9 @@ from .sources import TensorSource, numpy_view
 __all__ = ["POLICIES", "KernelPath", "Prepared", "PATHS", "get_kernel_policy", "set_kernel_policy", "select",
            "probe", "decode_chunked", "DECODE_CHUNK_ELEMENTS", "clear_workspace", "release_file_pages"]
 
-#: ``"auto"``: native kernels where the mapping is exact, else decode; ``"native"``: also where
-#: it rounds a parameter; ``"decode"``: always decode.
+#: ``"auto"``: native kernels where each kernel weight is within ``2^-8`` relative per rounding
+#: of the decoded weight (see the module doc), else decode; ``"native"``: also where an offset
+#: or zero point rounds; ``"decode"``: always decode (bit-identical to F.linear on the decoded weight).
 POLICIES = ("auto", "native", "decode")
 _POLICY = {"value": "auto", "generation": 0}
 
@@ -126,6 +137,7 @@ class Prepared:
     dtype: torch.dtype  # activations' dtype the kernel runs in
     exact: bool  # every implied weight equals the decoded weight (see the module doc)
     why: str = ""  # where not exact: which parameter rounds
+    roundings: int = 0  # relative 2^-8 roundings between the decoded and the kernel's weight (error_bound)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def __call__(self, x2d: torch.Tensor) -> torch.Tensor:
@@ -141,9 +153,9 @@ class KernelPath:
     def match(self, desc: Descriptor, device: torch.device) -> bool:
         raise NotImplementedError
 
-    def prepare(self, desc: Descriptor, comps: dict[str, torch.Tensor], allow_inexact: bool = True) -> Prepared | None:
-        """The repacked weight, or None where the mapping is not exact and ``allow_inexact`` is
-        false (checked on the parameters before the codes are repacked)."""
+    def prepare(self, desc: Descriptor, comps: dict[str, torch.Tensor], policy: str = "native") -> Prepared | None:
+        """The repacked weight, or None where ``policy`` does not allow the mapping (checked on
+        the parameters before the codes are repacked; see the module doc)."""
         raise NotImplementedError
 
     def forward(self, p: Prepared, x2d: torch.Tensor) -> torch.Tensor:
@@ -210,6 +222,34 @@ def _representable(v: torch.Tensor, dtype: torch.dtype) -> bool:
     return bool(torch.equal(v.to(dtype).to(torch.float64), v.to(torch.float64)))
 
 
+def _roundings(desc: Descriptor, s: torch.Tensor, dt: torch.dtype) -> tuple[list[str], list[str]]:
+    """(relative roundings between the decoded weight and the kernel's, for ``Prepared.roundings``
+    and the "auto" policy; roundings "auto" does not take) of the logical dtype and the scales
+    ``s`` (float64).  Element values are integers, so a nonzero ``|q * s| >= min |s|``."""
+    rel, other = [], []
+    if desc.dtype == "bfloat16":
+        rel.append("the logical dtype bfloat16 rounds q*s, the kernel does not")
+    elif desc.dtype == "float16":
+        nz = s.abs()[s != 0]
+        if nz.numel() and float(nz.min()) < 2.0**-14:  # q*s could be a float16 subnormal: an absolute error
+            other.append("the logical dtype float16 rounds q*s, possibly to a subnormal")
+        else:
+            rel.append("the logical dtype float16 rounds q*s, the kernel does not")
+    elif desc.dtype != "float32":
+        other.append(f"the logical dtype {desc.dtype} rounds q*s, the kernel does not")
+    if not _representable(s, dt):
+        nz = s.abs()[s != 0]
+        if nz.numel() and float(nz.min()) < 2.0**-126:  # a bfloat16 subnormal: an absolute rounding
+            other.append("scales round to bfloat16 subnormals")
+        else:
+            rel.append("scales round to bfloat16")
+    return rel, other
+
+
+def _allowed(policy: str, rel: list[str], other: list[str]) -> bool:
+    return policy == "native" or (policy == "auto" and not other)
+
+
 # -- int4 grouped affine -> _weight_int4pack_mm_for_cpu -------------------------------------------
 class Int4Grouped(KernelPath):
     """Integer codes of at most 4 bits (values spanning at most 16 integers), a multiply scale per
@@ -243,7 +283,7 @@ class Int4Grouped(KernelPath):
                 return False
         return True
 
-    def prepare(self, desc: Descriptor, comps: dict[str, torch.Tensor], allow_inexact: bool = True) -> Prepared | None:
+    def prepare(self, desc: Descriptor, comps: dict[str, torch.Tensor], policy: str = "native") -> Prepared | None:
         n, k = desc.shape
         g = int(desc.scale.blocks.size[1])  # type: ignore[index]
         table = _int_table(desc, comps)
@@ -258,22 +298,22 @@ class Int4Grouped(KernelPath):
             z = torch.zeros_like(s)
         c = (8.0 + emin - z) * s  # float64: exact (a 24-bit value times a small integer)
         dt = torch.bfloat16
-        why = []
-        if desc.dtype != "float32":
-            why.append(f"the logical dtype {desc.dtype} rounds q*s, the kernel does not")
-        if not _representable(s, dt):
-            why.append("scales round to bfloat16")
+        rel, other = _roundings(desc, s, dt)
         if not _representable(c, dt):
-            why.append("the zero-point offset (8 + emin - z) * s rounds to bfloat16")
+            # where s itself rounds, c = (8 + emin - z) * s rounds with it (relative, counted
+            # there) only when the integer factor is a power of two; else it is an offset error
+            if _representable(s, dt) or not bool(torch.equal(c.to(dt).double(), (8.0 + emin - z) * s.to(dt).double())):
+                other.append("the zero-point offset (8 + emin - z) * s rounds to bfloat16")
         if not bool(torch.equal(z, torch.round(z))):
-            why.append("non-integral zero points")
-        if why and not allow_inexact:
+            other.append("non-integral zero points")
+        why = rel + other
+        if not _allowed(policy, rel, other):
             return None
         u = _nibbles(desc, comps, table, emin)  # [N, K] int32 in [0, 15]
         w = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u.contiguous(), 1)
         del u
         sz = torch.stack([s.to(dt), c.to(dt)], 2).transpose(0, 1).contiguous()  # [K/g, N, 2]
-        return Prepared(self, {"weight": w, "scales_and_zeros": sz, "group": torch.tensor(g)}, dt, not why, "; ".join(why))
+        return Prepared(self, {"weight": w, "scales_and_zeros": sz, "group": torch.tensor(g)}, dt, not why, "; ".join(why), len(rel))
 
     def forward(self, p: Prepared, x2d: torch.Tensor) -> torch.Tensor:
         t = p.tensors
@@ -312,19 +352,16 @@ class Int8PerChannel(KernelPath):
         # the AVX-512 kernel measured wrong results / crashes for K % 16 != 0; keep a margin
         return n > 0 and k > 0 and k % 32 == 0 and n % 16 == 0
 
-    def prepare(self, desc: Descriptor, comps: dict[str, torch.Tensor], allow_inexact: bool = True) -> Prepared | None:
+    def prepare(self, desc: Descriptor, comps: dict[str, torch.Tensor], policy: str = "native") -> Prepared | None:
         n, k = desc.shape
         table = _int_table(desc, comps)
         if table is None or table.min() < -128 or table.max() > 127:
             raise ValueError("element values do not fit int8")
         s = _grid(desc, desc.scale, comps).to(torch.float64).reshape(n)
         dt = torch.bfloat16
-        why = []
-        if desc.dtype != "float32":
-            why.append(f"the logical dtype {desc.dtype} rounds q*s, the kernel does not")
-        if not _representable(s, dt):
-            why.append("scales round to bfloat16")
-        if why and not allow_inexact:
+        rel, other = _roundings(desc, s, dt)
+        why = rel + other
+        if not _allowed(policy, rel, other):
             return None
         codes = comps[desc.codes.tensor]
         p = desc.codes.packing
@@ -335,7 +372,7 @@ class Int8PerChannel(KernelPath):
             q = codes.view(torch.int8)  # shares the buffer
         else:
             q = torch.from_numpy(table.astype(np.int8))[_codes(desc, comps)].contiguous()
-        return Prepared(self, {"weight": q, "scales": s.to(dt).contiguous()}, dt, not why, "; ".join(why))
+        return Prepared(self, {"weight": q, "scales": s.to(dt).contiguous()}, dt, not why, "; ".join(why), len(rel))
 
     def forward(self, p: Prepared, x2d: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x2d, p.tensors["weight"], p.tensors["scales"])
@@ -356,16 +393,22 @@ PATHS: list[KernelPath] = [Int4Grouped(), Int8PerChannel()]
 
 
 # -- tolerance and capability probe ----------------------------------------------------------------
-def error_bound(ref: torch.Tensor, absdot: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+def error_bound(ref: torch.Tensor, absdot: torch.Tensor, k: int, dtype: torch.dtype, weight_roundings: int = 0) -> torch.Tensor:
     """The bound on |kernel output - exact product| the kernels are held to (float64):
 
     ``u * |y| + (u + (k + 2) * 2^-24) * (|x| @ |W|^T)`` with ``u`` the unit roundoff of ``dtype``
     (2^-8 for bfloat16): rounding of the output to ``dtype`` (u |y|), binary32 accumulation of k
     products in any order ((k + 2) 2^-24 |x||W|, the classic gamma_k bound), and a rounding of
     each dequantized weight to ``dtype`` (u |x||W|), which a kernel may do (bfloat16 dot
-    products; F.linear on the decode path does exactly this)."""
+    products; F.linear on the decode path does exactly this).
+
+    ``weight_roundings = r > 0`` (``Prepared.roundings``: the kernel's weight is r relative
+    roundings of at most 2^-8 away from qformat's decoded weight W, the reference here): the
+    weight term becomes ``((1 + r) u (1 + 2^-6) + (k + 2) 2^-24)``, the factor ``1 + 2^-6``
+    covering the products of roundings (second order: at most 4 u^2 + (k + 2) 2^-24 * 3u)."""
     u = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}[dtype]
-    return u * ref.abs() + (u + (k + 2) * 2.0**-24) * absdot + 1e-300
+    w = u if not weight_roundings else (1 + weight_roundings) * 2.0**-8 * (1 + 2.0**-6)
+    return u * ref.abs() + (w + (k + 2) * 2.0**-24) * absdot + 1e-300
 
 
 _PROBED: dict[tuple[str, torch.dtype], bool] = {}
@@ -389,19 +432,19 @@ def probe(path: KernelPath, dtype: torch.dtype = torch.bfloat16) -> bool:
 
 def select(desc: Descriptor, comps: dict[str, torch.Tensor], device: torch.device, policy: str) -> Prepared | None:
     """The prepared kernel of the first path that matches, passes its probe and is allowed by
-    ``policy`` (an inexact mapping only under ``"native"``), or None (decode)."""
+    ``policy`` (see the module doc), or None (decode)."""
     if policy == "decode":
         return None
     for path in PATHS:
         if not path.match(desc, device) or not probe(path):
             continue
         try:
-            p = path.prepare(desc, comps, allow_inexact=policy == "native")
+            p = path.prepare(desc, comps, policy)
         except (ValueError, RuntimeError):
             continue
         if p is not None:
             p.device = device
-        return p  # None: the matching path would round a parameter, and the policy says decode
+        return p  # None: the matching path's error is not one the policy takes: decode
     return None
 
 

@@ -5,7 +5,8 @@ device).  Its forward runs one of two paths (:mod:`qformat_torch.kernels`):
 
 - a native CPU kernel on a copy of the weight repacked once, when the layer is built or moved
   (int4 grouped affine -> torch's int4 pack, int8 per channel -> torch's int8 mm), for bfloat16
-  inputs, where the stored weight maps onto it exactly (or under policy ``"native"``);
+  inputs, where the kernel's weights are within the documented bound of the decoded weights
+  (policy ``"auto"``, the default; see :mod:`qformat_torch.kernels`), or under ``"native"``;
 - otherwise the exact path: decode the weight with the torch decoder (in chunks of rows, cast to
   the input's dtype chunk by chunk) and run ``F.linear``: bit-identical to
   ``F.linear(x, qlinear.weight.to(x.dtype), bias)``.
@@ -60,9 +61,11 @@ class QLinear(nn.Module):
 
     Options (keyword only):
 
-    - ``kernel``: ``"auto"`` (native kernels where the mapping is exact), ``"native"`` (also where
-      a parameter rounds, e.g. float16 scales to bfloat16), ``"decode"`` (never native), or None:
-      the process default, :func:`qformat_torch.kernels.set_kernel_policy`.
+    - ``kernel``: ``"auto"`` (native kernels where each weight they multiply is within 2^-8
+      relative per rounding of the decoded weight: the logical dtype's rounding of ``q * s``,
+      float16 scales rounded to bfloat16), ``"native"`` (also where an offset or zero point
+      rounds), ``"decode"`` (never native: bit-identical to F.linear on the decoded weight), or
+      None: the process default, :func:`qformat_torch.kernels.set_kernel_policy`.
     - ``cache``: keep the decoded weight (per compute dtype) after the first forward of the
       decode path: dense speed, dense memory.
     - ``chunk_rows``: rows decoded per chunk on the decode path (default: about 1M elements).

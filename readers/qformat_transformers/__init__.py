@@ -29,8 +29,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from transformers.quantizers import register_quantization_config, register_quantizer
-from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO_QUANTIZER_MAPPING
+from . import _quiet
+
+_quiet.install()  # before transformers imports its quantizers' backends (torchao, bitsandbytes)
+
+from transformers.quantizers import register_quantization_config, register_quantizer  # noqa: E402
+from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO_QUANTIZER_MAPPING  # noqa: E402
 
 from .config import QUANT_METHOD, QFormatConfig
 from .quantizer import MISMATCH_CODE, PendingQLinear, QFormatHfQuantizer

@@ -30,7 +30,17 @@ class QFormatConfig(QuantizationConfigMixin):
 
     * ``scheme`` and ``**params`` (``bits``, ``group_size``, ``block_size``, ``dtype``, ... as
       :func:`qformat.quantize` takes them): the default choice, applied under the default
-      selection rule (as ``qformat quantize --scheme``);
+      selection rule (as ``qformat quantize --scheme``).  Fast by default: scheme ``"int"`` on a
+      bfloat16 checkpoint stores bfloat16 scales unless ``scale_dtype`` says otherwise (the
+      scheme's default for a bfloat16 logical dtype), the dtype torch's native CPU kernels take,
+      so ``QFormatConfig(scheme="int", bits=4, group_size=32)`` (or ``bits=8, group_size=None``)
+      runs those kernels with bfloat16 activations under the default kernel policy, each weight
+      they multiply being ``q * s`` exactly as stored (see :mod:`qformat_torch.kernels` for the
+      bound against the decode path);
+    * ``kernel`` (default None: the process policy, :func:`qformat_torch.kernels.set_kernel_policy`,
+      itself ``"auto"`` by default): the kernel policy of every QLinear the load makes;
+      ``"decode"`` keeps the exact path (bit-identical to F.linear on the decoded weights).  A
+      runtime choice: config.json does not record it;
     * ``recipe``: ordered rules (a TOML path or text, a Recipe, or its dict);
     * ``rules`` / ``default`` / ``spec_version``: what config.json records (``qformat quantize``
       writes them; they are kept for saving and are informative when loading);
@@ -44,11 +54,14 @@ class QFormatConfig(QuantizationConfigMixin):
 
     def __init__(self, scheme: str | None = None, recipe: Any = None, *, rules: list[Any] | None = None,
                  default: Mapping[str, Any] | None = None, spec_version: str | None = None, strict: bool = True,
-                 quant_method: str = QUANT_METHOD, **params: Any):
+                 kernel: str | None = None, quant_method: str = QUANT_METHOD, **params: Any):
         if quant_method != QUANT_METHOD:
             raise ValueError(f"QFormatConfig is for quant_method {QUANT_METHOD!r}, found {quant_method!r}")
         if not isinstance(strict, bool):
             raise ValueError(f"QFormatConfig(strict=...) takes True or False, found {strict!r}")
+        if kernel is not None and kernel not in ("auto", "native", "decode"):  # qformat_torch.kernels.POLICIES
+            raise ValueError(f"QFormatConfig(kernel=...) takes 'auto', 'native', 'decode' or None, found {kernel!r}")
+        self.kernel = kernel
         self.quant_method = QUANT_METHOD
         self.strict = strict
         self.scheme = scheme

@@ -485,7 +485,7 @@ class QFormatHfQuantizer(HfQuantizer):
                 tq = TorchQTensor(desc, {names[c]: t for c, t in comps.items()})
             except QFormatError as e:
                 raise error(e.code, e.message, tensor=plan.name, field=e.field) from None
-            _set_module(model, mpath, QLinear(tq, holder.bias))
+            _set_module(model, mpath, QLinear(tq, holder.bias, kernel=self.quantization_config.kernel))
         if self.descriptors and isinstance(self.quantization_config, QFormatConfig) and self.quantization_config.spec_version is None:
             from qformat.model import required_version
 
@@ -569,7 +569,7 @@ class QFormatHfQuantizer(HfQuantizer):
                 continue
             if holder.packed is None:
                 raise error("TENSOR_NOT_FOUND", "the checkpoint did not provide this weight, so it could not be quantized", tensor=ckpt_name)
-            _set_module(model, mpath, QLinear(holder.packed, holder.bias))
+            _set_module(model, mpath, QLinear(holder.packed, holder.bias, kernel=self.quantization_config.kernel))
         if self.descriptors:
             from qformat.model import required_version
 

@@ -52,7 +52,25 @@ def test_registry_ids_are_the_converters_names():
 
 @pytest.mark.parametrize("case", VALID, ids=[c["id"] for c in VALID])
 def test_repack_every_valid_corpus_case(case, tmp_path):
+    from qformat.checkpoint.source import unchecked
+
     src = CORPUS / case["input"]
+    report = qformat.check([src], digests=True)  # every command verifies recorded digests as it reads (SPEC.md §3.8)
+    if any(p.code != "DIGEST_UNSUPPORTED" for p in report.problems):
+        # The one rule (issue 24): what `qformat check` refuses (a payload finding, a digest that
+        # does not match, a tensor a reader refuses) convert refuses with check's code, writing
+        # nothing; with --no-check (unchecked) it repacks it as below.
+        with pytest.raises(QFormatError) as e:
+            convert(src, tmp_path / "out.safetensors", from_format="qformat", repack=True)
+        assert e.value.code in {p.code for p in report.problems}, (e.value, report.problems)
+        assert os.listdir(tmp_path) == []
+        with unchecked():
+            _repack_valid_case(case, src, tmp_path)
+        return
+    _repack_valid_case(case, src, tmp_path)
+
+
+def _repack_valid_case(case, src, tmp_path):
     expected = qformat.load_file(CORPUS / case["expected"]["path"])
     with qformat.safe_open(src) as f:
         refused = any(f.model.tensor_problems.values())
@@ -117,7 +135,7 @@ def test_sharded_source_gives_sharded_output(how, tmp_path):
             assert (dst / "config.json").read_text() == '{"model_type": "test"}'
         else:  # a repacked checkpoint is qformat's own (tests/convert/test_repack_self_contained.py)
             assert json.loads((dst / "config.json").read_text()) == {
-                "model_type": "test", "quantization_config": {"quant_method": "qformat", "spec_version": "1.0"}}
+                "model_type": "test", "quantization_config": {"quant_method": "qformat", "spec_version": "1.2"}}  # 1.2: the writer records digests
         rep = qformat.check([dst / "model.safetensors.index.json"])
         assert rep.ok, rep.to_dict()
         got = qformat.load_checkpoint(dst / "model.safetensors.index.json")
@@ -140,11 +158,18 @@ def test_components_follow_their_codes_into_one_shard(tmp_path):
     write_file(folder / "a.safetensors", {"w.codes": comps["codes"]}, meta)
     write_file(folder / "b.safetensors", {"w.scale": comps["scale"]}, None)
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w.codes": "a.safetensors", "w.scale": "b.safetensors"}}))
-    # The qformat source reads descriptors per file; the scale lives elsewhere, so describe it as one checkpoint.
-    ck = Checkpoint(folder)
-    assert ck.file_of("w.scale") == "b.safetensors"
+    # `qformat check` refuses it (a component must sit in its descriptor's file), and so does
+    # convert by default (issue 24); --no-check (unchecked) describes it as one checkpoint.
+    from qformat.checkpoint.source import unchecked
+
+    with pytest.raises(QFormatError) as e:
+        Checkpoint(folder)
+    assert e.value.code == "COMPONENT_MISSING"
     dst = tmp_path / "out"
-    convert(folder, dst, from_format="qformat")
+    with unchecked():
+        ck = Checkpoint(folder)
+        assert ck.file_of("w.scale") == "b.safetensors"
+        convert(folder, dst, from_format="qformat")
     idx = json.loads((dst / "model.safetensors.index.json").read_text())
     assert idx["weight_map"]["w.scale"] == "a.safetensors"
     assert bits_equal(qformat.load_checkpoint(dst / "model.safetensors.index.json")["w"], qt.dequantize())[0]

@@ -218,9 +218,19 @@ def test_other_nested_absmax_encodings(tmp_path, nested_bs, bias, scale, element
     """Any encoded absmax of at most 8-bit codes, a per-block float32 scale and a per-tensor
     offset is bitsandbytes' double quantization: the nested quant map holds the element's
     values; a missing scale is written as 1.0, a missing offset as -0.0 (which adds nothing)."""
+    from qformat.checkpoint.source import unchecked
+
     src = tmp_path / "src.safetensors"
     qformat.save_file({"m.weight": _handmade(nested_bs, bias, scale, element)}, src)
-    export(src, tmp_path / "out.safetensors", to=TO)
+    report = qformat.check(src)
+    if not report.ok:  # a NaN absmax (E4M3 code 0x7F without a scale): refused as check refuses it (issue 24) ...
+        with pytest.raises(QFormatError) as e:
+            export(src, tmp_path / "out.safetensors", to=TO)
+        assert e.value.code == report.problems[0].code and not (tmp_path / "out.safetensors").exists()
+        with unchecked():  # ... and exported as it is with --no-check
+            export(src, tmp_path / "out.safetensors", to=TO)
+    else:
+        export(src, tmp_path / "out.safetensors", to=TO)
     assert_decodes(tmp_path / "out.safetensors", qformat.load_file(src))
     blob = json.loads(bytes(torch_load(str(tmp_path / "out.safetensors"))["m.weight.quant_state.bitsandbytes__nf4"].numpy()))
     assert blob["nested_blocksize"] == (nested_bs if scale else 256) and (bias or json.dumps(blob["nested_offset"]) == "-0.0")

@@ -304,7 +304,7 @@ def test_tiny_llama_transformers(tmp_path, dtype, scheme, params):
     ("float32", "nf4", {}, (8, 64), "codebook"),
     ("float32", "nvfp4", {}, (8, 64), "bfloat16"),
     ("float32", "int", dict(bits=4, group_size=32), (2, 8, 64), "rank 3"),
-    ("bfloat16", "int", dict(bits=4, group_size=32), (8, 64), "stored as F16"),
+    ("bfloat16", "int", dict(bits=4, group_size=32, scale_dtype="float16"), (8, 64), "stored as F16"),
     ("bfloat16", "fp8_e4m3", {}, (8, 64), "stored as F32"),
     ("float16", "int", dict(bits=4, group_size=32, scale_dtype="bfloat16"), (8, 64), "stored as BF16"),
 ])
@@ -324,7 +324,7 @@ def test_allow_rounding_reencodes(tmp_path):
     then decodes the written tensors to qformat's values of the re-encoding."""
     src = _source(tmp_path, "bfloat16", {"a.weight": ("nf4", {}, (8, 64)), "b.weight": ("int", dict(bits=4, group_size=32), (8, 48)),
                                          "c.weight": ("int", dict(bits=4, group_size=32, scale_dtype="bfloat16"), (8, 64)),
-                                         "d.weight": ("int", dict(bits=4, group_size=32), (8, 64))})
+                                         "d.weight": ("int", dict(bits=4, group_size=32, scale_dtype="float16"), (8, 64))})
     rep = export(src, tmp_path / "out", to=TO, allow_rounding=True).to_dict()
     assert not rep["exact"]
     rounded = {r["name"]: r for r in rep["rounded"]}

@@ -186,11 +186,25 @@ def test_qformat_schemes_export_exactly(scheme: str, params: dict, ggml: str, tm
 
 
 def test_mxfp4_negative_zero_is_not_exact_and_says_why(tmp_path: Path) -> None:
+    from qformat.qtensor import QTensor
+
     x = np.full((2, 32), 4.0, np.float32)
-    x[0, 3] = -1e-9  # rounds to E2M1 -0 (code 8), which ggml reads as +0
-    src = tmp_path / "src.safetensors"
+    x[0, 3] = -1e-9  # rounds to zero: qformat's encoder writes +0 (code 0), which ggml reads alike
     q = qformat.quantize(x, "mxfp4")
-    assert (np.signbit(np.asarray(q.dequantize())) & (np.asarray(q.dequantize()) == 0)).any()
+    d = np.asarray(q.dequantize())
+    assert d[0, 3] == 0 and not np.signbit(d[0, 3])
+    ours = tmp_path / "ours.safetensors"
+    qformat.save_file({"w": q}, ours)
+    assert all(t.exact for t in export(ours, tmp_path / "ours.gguf", to="gguf").results)
+    # Another writer's E2M1 -0 (code 8, element 3 = the high nibble of byte 1) has no MXFP4 form.
+    codes = np.array(q.components["codes"])
+    codes[0, 1] = (codes[0, 1] & 0x0F) | 0x80
+    q = QTensor(q.descriptor, {**q.components, "codes": codes})
+    d = np.asarray(q.dequantize())
+    assert d[0, 3] == 0 and np.signbit(d[0, 3])
+    tmp_path = tmp_path / "neg"
+    tmp_path.mkdir()
+    src = tmp_path / "src.safetensors"
     qformat.save_file({"w": q}, src)
     with pytest.raises(QFormatError) as e:
         export(src, tmp_path / "o.gguf", to="gguf")

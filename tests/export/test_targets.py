@@ -44,7 +44,10 @@ def _folder(tmp: Path, scheme: str, params: dict, layers: int = 2, rows: int = 6
     src.mkdir()
     tensors: dict = {"model.norm.weight": np.ones(cols, np.float16)}
     for i in range(layers):
-        x = rng.standard_normal((rows, cols)).astype(np.float16)
+        x = rng.standard_normal((rows, cols))
+        # a tenth of the values tiny, half of them negative: they round to zero, which every
+        # encoder must write as +0 for targets without -0 (ggml's MXFP4, MLX; issue 24)
+        x = np.where(rng.random((rows, cols)) < 0.1, x * 1e-4, x).astype(np.float16)
         tensors[f"model.layers.{i}.mlp.down_proj.weight"] = qformat.quantize(x, scheme, **params)
     qformat.save_file(tensors, src / "model.safetensors")
     (src / "config.json").write_text(json.dumps({"model_type": "test", "architectures": ["TestModel"], "torch_dtype": "float16"}))

@@ -111,8 +111,9 @@ def test_cli_layout_follows_the_destination(root, tmp_path, capsys):
     assert "LlamaForCausalLM" in capsys.readouterr().out and (tmp_path / "folder" / "config.json").is_file()
     assert main(["convert", "--quiet", str(src), str(tmp_path / "one.safetensors")]) == 0  # GGUF names, one file
     assert "blk.0.attn_q.weight" in qformat.load_file(tmp_path / "one.safetensors")
-    assert main(["convert", "--quiet", str(src), str(tmp_path / "forced.safetensors"), "--layout", "hf"]) == 0
-    assert (tmp_path / "forced.safetensors" / "config.json").is_file()
+    # a destination named like a file never becomes a folder (the one destination rule of every command)
+    assert main(["convert", "--quiet", str(src), str(tmp_path / "forced.safetensors"), "--layout", "hf"]) == 2
+    assert "CONVERT_DESTINATION_INVALID" in capsys.readouterr().err and not (tmp_path / "forced.safetensors").exists()
     r = subprocess.run([sys.executable, "-m", "qformat", "convert", str(tmp_path / "one.safetensors"), str(tmp_path / "x"),
                         "--layout", "hf"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "CONVERT_UNSUPPORTED" in r.stderr and "Traceback" not in r.stderr
@@ -128,11 +129,11 @@ def test_q4_0_model_takes_the_native_int4_kernel_where_the_policy_allows(root, t
     convert_gguf(src, tmp_path / "out")
     old = kernels.get_kernel_policy()
     try:
-        kernels.set_kernel_policy("native")  # Q4_0's float16 scales round to bfloat16: not exact, so only under "native"
+        kernels.set_kernel_policy("auto")  # the default: Q4_0's float16 scales round to bfloat16 (a relative 2^-8)
         m = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.bfloat16)
         paths = {m.get_submodule(n).kernel_path for n, x in m.named_modules() if isinstance(x, QLinear) and ".layers." in n}
         assert paths == {"int4_grouped"}
-        kernels.set_kernel_policy("auto")  # a layer re-selects its path at its next forward
+        kernels.set_kernel_policy("decode")  # a layer re-selects its path at its next forward
         with torch.no_grad():
             m(torch.tensor([[1, 2, 3]]))
         paths = {x.kernel_path for x in m.modules() if isinstance(x, QLinear)}

@@ -37,7 +37,7 @@ if (args[0] === "--batch") {
   }
   process.stdout.write(lines.join("\n") + (lines.length ? "\n" : ""));
 } else if (args[0] === "--check" && args.length === 2) {
-  for (const p of check(readFileSync(args[1]))) console.log(`${p.code}\t${p.message}`);
+  for (const p of check(readFileSync(args[1]), { digests: true })) console.log(`${p.code}\t${p.message}`);
 } else if (args.length === 2) {
   try {
     readOne(args[0], args[1]);

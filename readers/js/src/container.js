@@ -7,6 +7,7 @@ import { error } from "./errors.js";
 import { JFloat, JsonError, parseStrict } from "./json.js";
 
 const TWO64 = 1n << 64n;
+const WS = " \t\n\r";
 
 /**
  * @typedef {object} Entry  one stored tensor
@@ -23,6 +24,7 @@ const TWO64 = 1n << 64n;
  * @property {Map<string, Entry>} entries  in header order
  * @property {number} dataStart  8 + N
  * @property {number} fileSize
+ * @property {import("./errors.js").QFormatError[]} lenient  what only check --strict reports (SPEC.md §2.4)
  */
 
 /** @param {any} v */
@@ -54,21 +56,29 @@ export function parseHeader(src) {
   } catch {
     throw mal("HEADER_NOT_UTF8", "the header is not valid UTF-8");
   }
-  if (text[0] !== "{") {
-    const ws = text.length > 0 && " \t\n\r".includes(text[0]);
-    throw mal(ws ? "HEADER_LEADING_WHITESPACE" : "HEADER_INVALID_JSON", `the header must begin with '{', found ${JSON.stringify(text.slice(0, 1))}`);
-  }
+  // §2.3, §2.4: JSON whitespace may precede the object and pad it (safetensors reads both; writers
+  // write neither, so check --strict reports them from `lenient`)
+  /** @type {import("./errors.js").QFormatError[]} */
+  const lenient = [];
+  let lead = 0;
+  while (lead < text.length && WS.includes(text[lead])) lead++;
+  if (lead) lenient.push(mal("HEADER_LEADING_WHITESPACE", `the header begins with ${lead} JSON whitespace byte(s) before '{': safetensors reads it, its writer never writes it`));
+  if (text[lead] !== "{") throw mal("HEADER_INVALID_JSON", `the header must begin with '{' (after optional JSON whitespace), found ${JSON.stringify(text.slice(lead, lead + 1))}`);
   let obj, end;
   try {
-    ({ value: obj, end } = parseStrict(text, { maxDepth: LIMITS.max_json_depth, header: true }));
+    ({ value: obj, end } = parseStrict(text.slice(lead), { maxDepth: LIMITS.max_json_depth, header: true }));
+    end += lead;
   } catch (e) {
     if (e instanceof JsonError && e.kind === "duplicate") throw mal("HEADER_DUPLICATE_KEY", e.message);
     if (e instanceof JsonError) throw mal("HEADER_INVALID_JSON", `the header is not valid JSON: ${e.message}`);
     throw e;
   }
+  let nonSpace = false;
   for (let i = end; i < text.length; i++) {
-    if (text[i] !== " ") throw mal("HEADER_INVALID_JSON", "only space (0x20) padding may follow the header object");
+    if (!WS.includes(text[i])) throw mal("HEADER_INVALID_JSON", "only JSON whitespace padding may follow the header object");
+    if (text[i] !== " ") nonSpace = true;
   }
+  if (nonSpace) lenient.push(mal("HEADER_PADDING_NOT_SPACE", "the header object is followed by padding other than spaces (0x20): safetensors reads it, its writer pads with spaces"));
   if (!(obj instanceof Map)) throw mal("HEADER_INVALID_JSON", "the header must be a JSON object");
 
   /** @type {Map<string,string>|null} */
@@ -77,13 +87,17 @@ export function parseHeader(src) {
   const entries = new Map();
   for (const [name, ent] of obj) {
     if (name === "__metadata__") {
+      if (ent === null) {  // §2.4: what mx.save_safetensors writes; read as no metadata, as safetensors does
+        lenient.push(mal("METADATA_INVALID", "__metadata__ is null: read as no metadata, as safetensors reads it"));
+        continue;
+      }
       if (!(ent instanceof Map) || ![...ent.values()].every((v) => typeof v === "string")) {
         throw mal("METADATA_INVALID", "__metadata__ must be an object whose values are all strings");
       }
       metadata = ent;
       continue;
     }
-    if (name === "") throw mal("TENSOR_NAME_INVALID", "a tensor name is empty");
+    if (name === "") lenient.push(mal("TENSOR_NAME_INVALID", "a tensor name is empty: safetensors writes and reads it, qformat reads it", ""));
     if (!(ent instanceof Map) || ent.size !== 3 || !ent.has("dtype") || !ent.has("shape") || !ent.has("data_offsets")) {
       throw mal("TENSOR_ENTRY_INVALID", "expected exactly the fields data_offsets, dtype, shape", name);
     }
@@ -128,7 +142,7 @@ export function parseHeader(src) {
     ent.begin = Number(ent.begin);
     ent.end = Number(ent.end);
   }
-  return { metadata, entries, dataStart: Number(dataStart), fileSize: size };
+  return { metadata, entries, dataStart: Number(dataStart), fileSize: size, lenient };
 }
 
 export { JFloat };

@@ -7,12 +7,14 @@ import { interpret, logicalNames, problems } from "./model.js";
 import { decode } from "./decode.js";
 import { memorySource } from "./source.js";
 import { checkPayload } from "./check.js";
+import { DIGEST_DIGITS, digestProblems, sha256Hex } from "./digest.js";
 
 export { QFormatError } from "./errors.js";
 export { memorySource } from "./source.js";
 export { parseStrict, JsonError } from "./json.js";
 export { f32ToF16Bits, f32ToBf16Bits, f16ToF32, bf16ToF32, floatLut } from "./floats.js";
 export { encodeSafetensors } from "./write.js";
+export { sha256Hex } from "./digest.js";
 
 /** @typedef {"float32"|"float16"|"bfloat16"|string} DType */
 /**
@@ -26,12 +28,22 @@ export { encodeSafetensors } from "./write.js";
 
 /** A sizes-checked, interpreted qformat (or plain safetensors) file. */
 export class QFile {
-  /** @param {import("./source.js").ByteSource} src */
-  constructor(src) {
+  /**
+   * @param {import("./source.js").ByteSource} src
+   * @param {{verify?: boolean, sha256?: (bytes: Uint8Array) => string}} [opts]  verify: check a 1.2 file's
+   *   digests (SPEC.md §3.8) of each tensor's stored bytes before it is first read
+   */
+  constructor(src, opts = {}) {
     this.src = src;
     this.header = parseHeader(src);
     this.model = interpret(this.header);
     if (this.model.fileProblems.length) throw this.model.fileProblems[0];
+    this.verify = Boolean(opts.verify);
+    this._sha256 = opts.sha256 ?? sha256Hex;
+    /** @type {Set<string>} */
+    this._verified = new Set();
+    const dg = this.model.digests ?? null;
+    if (this.verify && dg !== null && !DIGEST_DIGITS.has(dg.get("algorithm"))) throw digestProblems(dg, this.header, () => new Uint8Array(0), (s) => s)[0];
     /** @type {Map<string, Uint8Array>} */
     this._bytes = new Map();
     const h = this.header;
@@ -54,9 +66,28 @@ export class QFile {
     return logicalNames(this.model);
   }
 
-  /** The file's __metadata__ without the 'qformat' member. */
+  /** The file's __metadata__ without the 'qformat' member; null when the file has no __metadata__ (as safetensors). */
   metadata() {
-    return Object.fromEntries([...(this.header.metadata ?? new Map())].filter(([k]) => k !== "qformat"));
+    if (this.header.metadata === null) return null;
+    return Object.fromEntries([...this.header.metadata].filter(([k]) => k !== "qformat"));
+  }
+
+  /** keys() in the order of their data in the file, as safetensors' load_file returns them: by the
+   * (BEGIN, END) of a plain tensor or the smallest of a logical tensor's components, then by name. */
+  fileOrder() {
+    /** @type {Map<string, [number, number]>} */
+    const first = new Map();
+    const ents = this.header.entries;
+    for (const [comp, owner] of this.model.components) {
+      const e = /** @type {import("./container.js").Entry} */ (ents.get(comp));
+      const f = first.get(owner);
+      if (!f || e.begin < f[0] || (e.begin === f[0] && e.end < f[1])) first.set(owner, [e.begin, e.end]);
+    }
+    const at = (/** @type {string} */ n) => first.get(n) ?? (ents.has(n) ? [/** @type {any} */ (ents.get(n)).begin, /** @type {any} */ (ents.get(n)).end] : [-1, -1]);
+    return this.keys().sort((x, y) => {
+      const [a, b] = [at(x), at(y)];
+      return a[0] - b[0] || a[1] - b[1] || (x < y ? -1 : x > y ? 1 : 0);
+    });
   }
 
   /** Every problem found without decoding (file, then tensors). */
@@ -88,12 +119,25 @@ export class QFile {
     if (probs && probs.length) throw probs[0];
   }
 
+  /** With `verify`: DIGEST_MISMATCH unless the stored tensors `name` reads have their recorded digests. @param {string} name */
+  _checkDigests(name) {
+    const dg = this.model.digests ?? null;
+    if (!this.verify || dg === null || this._verified.has(name)) return;
+    const desc = this.model.descriptors.get(name);
+    const stored = desc ? [...this.model.components].filter(([, owner]) => owner === name).map(([c]) => c) : [name];
+    const probs = digestProblems(dg, this.header, this.store.bytes, () => name, this._sha256, stored);
+    if (probs.length) throw probs[0];
+    this._verified.add(name);
+  }
+
   /** The logical shape. @param {string} name @returns {number[]} */
   shape(name) {
     this._require(name);
     this._validated(name);
     if (this.model.raw.has(name)) return [.../** @type {any} */ (this.model.descriptors.get(name)).shape];
-    return /** @type {any} */ (this.header.entries.get(name)).shape.map(Number);
+    const e = /** @type {import("./container.js").Entry} */ (this.header.entries.get(name));
+    if (RAW_BYTES.has(e.dtype)) return [e.end - e.begin];
+    return e.shape.map(Number);
   }
 
   /**
@@ -103,6 +147,7 @@ export class QFile {
   read(name, box = null) {
     this._require(name);
     this._validated(name);
+    this._checkDigests(name);
     const shape = this.shape(name);
     const reg = box ?? shape.map((n) => /** @type {[number, number]} */ ([0, n]));
     if (reg.length !== shape.length || reg.some(([lo, hi], a) => !(Number.isInteger(lo) && Number.isInteger(hi) && lo >= 0 && lo <= hi && hi <= shape[a]))) {
@@ -115,7 +160,21 @@ export class QFile {
     }
     const e = /** @type {import("./container.js").Entry} */ (this.header.entries.get(name));
     const all = this.store.bytes(name);
+    if (RAW_BYTES.has(e.dtype)) {  // §2.6: F6_* reads as its raw bytes, a 1-D U8 array
+      return { dtype: "U8", shape: outShape, data: box === null ? all.slice() : all.slice(reg[0][0], reg[0][1]), quantized: false };
+    }
     if (box === null) return { dtype: e.dtype, shape: outShape, data: all.slice(), quantized: false };
+    if (e.dtype === "F4") {  // §2.6: value k in the low nibble of byte k >> 1 (odd), the high one (even); the box packed the same way
+      const vals = new Uint8Array(all.length * 2);
+      for (let i = 0; i < all.length; i++) {
+        vals[2 * i] = all[i] & 0x0f;
+        vals[2 * i + 1] = all[i] >> 4;
+      }
+      const box4 = plainBox(vals, shape, reg, 1);
+      const packed = new Uint8Array((box4.length + 1) >> 1);
+      for (let k = 0; k < box4.length; k++) packed[k >> 1] |= k & 1 ? box4[k] << 4 : box4[k];
+      return { dtype: e.dtype, shape: outShape, data: packed, quantized: false };
+    }
     return { dtype: e.dtype, shape: outShape, data: plainBox(all, shape, reg, bytesPer(e.dtype)), quantized: false };
   }
 
@@ -140,10 +199,13 @@ export class QFile {
     if (probs.length) throw probs[0];
     /** @type {Map<string, Tensor>} */
     const out = new Map();
-    for (const name of this.keys()) out.set(name, this.getTensor(name));
+    for (const name of this.fileOrder()) out.set(name, this.getTensor(name));
     return out;
   }
 }
+
+/** Storage dtypes whose plain tensors read as raw bytes (SPEC.md §2.6). */
+const RAW_BYTES = new Set(["F6_E2M3", "F6_E3M2"]);
 
 /** @param {string} dtype */
 function bytesPer(dtype) {
@@ -185,9 +247,10 @@ function toPlain(v) {
  * Open a qformat file held in memory.  Container and file-scope problems throw a QFormatError
  * (its `code` is the error code); a refused tensor throws when it is read.
  * @param {ArrayBuffer|ArrayBufferView} bytes
+ * @param {{verify?: boolean, sha256?: (bytes: Uint8Array) => string}} [opts]  see QFile
  */
-export function openFile(bytes) {
-  return new QFile(memorySource(bytes));
+export function openFile(bytes, opts = {}) {
+  return new QFile(memorySource(bytes), opts);
 }
 
 /** Open a file through any ByteSource. @param {import("./source.js").ByteSource} src */
@@ -200,9 +263,13 @@ export function openSource(src) {
  * tensor problems, the refusals of decoding (CODE_OUT_OF_RANGE, GROUP_INDEX_RANGE) and the payload
  * conditions of §12.4 (PADDING_NONZERO, PARAM_NONFINITE, PARAM_DIVISOR_ZERO, PARAM_INT_RANGE).
  * @param {ArrayBuffer|ArrayBufferView|import("./source.js").ByteSource} input
+ * @param {{strict?: boolean, digests?: boolean, sha256?: (bytes: Uint8Array) => string}} [opts]  strict: also what
+ *   readers accept but writers never write (SPEC.md §2.4); digests: also verify the digests of a 1.2 file
+ *   (SPEC.md §3.8: DIGEST_MISMATCH, DIGEST_UNSUPPORTED; reads every stored byte); sha256: the hash to
+ *   use (default: this package's portable one; the Node layer passes node:crypto's)
  * @returns {QFormatError[]}
  */
-export function check(input) {
+export function check(input, opts = {}) {
   const src = "read" in input && typeof input.read === "function" ? /** @type {import("./source.js").ByteSource} */ (input) : memorySource(/** @type {any} */ (input));
   let f;
   try {
@@ -211,7 +278,11 @@ export function check(input) {
     if (e instanceof QFormatError) return [e];
     throw e;
   }
-  const out = f.problems();
+  const out = [...(opts.strict ? f.header.lenient : []), ...f.problems()];
   for (const [name, desc] of f.model.descriptors) out.push(...checkPayload(name, desc, f.store));
+  if (opts.digests) {
+    const comps = f.model.components;
+    out.push(...digestProblems(f.model.digests ?? null, f.header, f.store.bytes, (s) => comps.get(s) ?? s, opts.sha256));
+  }
   return out;
 }

@@ -11,6 +11,8 @@ import { READER_MINOR, extensionProblems, validateDescriptor } from "./validate.
 
 const VERSION_RE = /^(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})$/;
 const SUB_BYTE = new Set(["F4", "F6_E2M3", "F6_E3M2"]);
+/** Bytes of one element as a plain tensor reads (SPEC.md §2.5, §2.6; F4: one byte a value). */
+const PLAIN_BYTES = /** @type {Record<string, number>} */ ({ U16: 2, I16: 2, F16: 2, BF16: 2, U32: 4, I32: 4, F32: 4, U64: 8, I64: 8, F64: 8, C64: 8 });
 const TOP_MEMBERS = ["version", "tensors", "extensions"];
 
 /** @typedef {import("./errors.js").QFormatError} QFormatError */
@@ -25,6 +27,7 @@ const TOP_MEMBERS = ["version", "tensors", "extensions"];
  * @property {Map<string, string>} components  component -> its (first) logical owner
  * @property {QFormatError[]} fileProblems
  * @property {Map<string, QFormatError[]>} tensorProblems
+ * @property {Map<string, any>|null} [digests]  the qformat object's valid `digests` member (SPEC.md §3.8), if any
  */
 
 /** @param {FileModel} m */
@@ -45,7 +48,7 @@ const utf8 = new TextEncoder();
  */
 export function interpret(header) {
   /** @type {FileModel} */
-  const m = { version: null, descriptors: new Map(), raw: new Map(), plain: [], components: new Map(), fileProblems: [], tensorProblems: new Map() };
+  const m = { version: null, descriptors: new Map(), raw: new Map(), plain: [], components: new Map(), fileProblems: [], tensorProblems: new Map(), digests: null };
   const info = (/** @type {string} */ name) => {
     const e = header.entries.get(name);
     return e === undefined ? null : { dtype: e.dtype, shape: e.shape };
@@ -70,8 +73,9 @@ export function interpret(header) {
   }
   m.version = v;
   const newer = minor > READER_MINOR;
-  m.fileProblems.push(...topLevelProblems(obj, newer));
+  m.fileProblems.push(...topLevelProblems(obj, newer, minor));
   if (m.fileProblems.length) return m;
+  if (obj.has("digests") && (newer || minor >= 2)) m.digests = obj.get("digests");
   /** @type {Map<string, string[]>} */
   const claims = new Map();
   for (const [name, raw] of obj.get("tensors")) {
@@ -139,9 +143,9 @@ function qformatObject(text, m) {
   return obj;
 }
 
-/** §3.7 steps 3 and 4. @param {Map<string, any>} obj @param {boolean} newer @returns {QFormatError[]} */
-function topLevelProblems(obj, newer) {
-  const failures = objectFailures(obj, newer);
+/** §3.7 steps 3 and 4. @param {Map<string, any>} obj @param {boolean} newer @param {number} minor @returns {QFormatError[]} */
+function topLevelProblems(obj, newer, minor) {
+  const failures = objectFailures(obj, newer, minor);
   if (failures.length) return [error(newer ? "FEATURE_UNSUPPORTED" : "SCHEMA_VIOLATION", failures.join("; "))];
   const exts = (obj.get("extensions") ?? []).map((/** @type {Map<string, any>} */ e) => ({ name: e.get("name"), must_understand: e.get("must_understand") ?? true }));
   return extensionProblems(exts, newer, "file", null);
@@ -185,10 +189,15 @@ function claim(desc, name, claims) {
 
 /** @param {FileModel} m @param {import("./container.js").Header} header */
 function plainDtypeProblems(m, header) {
+  // §2.2: an empty plain tensor whose element bytes times its non-zero entries reach 2^63 has no
+  // array (every storage dtype has a plain reading since 1.2, §2.6; F6_* reads as 1-D bytes)
   for (const n of m.plain) {
-    const dt = /** @type {import("./container.js").Entry} */ (header.entries.get(n)).dtype;
-    if (SUB_BYTE.has(dt)) {
-      const p = error("PLAIN_DTYPE_UNSUPPORTED", `plain tensor of dtype ${dt}: describe it with a qformat descriptor`, n);
+    const e = /** @type {import("./container.js").Entry} */ (header.entries.get(n));
+    if (!e.shape.includes(0n) || SUB_BYTE.has(e.dtype) && e.dtype !== "F4") continue;
+    let span = BigInt(PLAIN_BYTES[e.dtype] ?? 1);
+    for (const s of e.shape) span *= s || 1n;
+    if (span >= 1n << 63n) {
+      const p = error("SHAPE_UNREPRESENTABLE", `plain tensor of ${e.dtype} of shape [${e.shape}] is empty but too large for an array: ${span} bytes, expected below 2^63`, n, "shape");
       const l = m.tensorProblems.get(n);
       if (l) l.push(p);
       else m.tensorProblems.set(n, [p]);

@@ -3,12 +3,26 @@
 
 import { closeSync, fstatSync, openSync, readSync, readFileSync, statSync } from "node:fs";
 import { basename, dirname, join, resolve } from "node:path";
-import { QFile } from "./index.js";
+import { createHash } from "node:crypto";
+import { QFile, check as coreCheck } from "./index.js";
 import { error, sortedNames, QFormatError } from "./errors.js";
 import { JsonError, parseStrict } from "./json.js";
 import { LIMITS } from "./tables.js";
 
 export * from "./index.js";
+
+/** node:crypto's SHA-256 as hexadecimal (about 30 times the portable one's speed). @param {Uint8Array} bytes */
+export function sha256Node(bytes) {
+  return createHash("sha256").update(bytes).digest("hex");
+}
+
+/**
+ * The core check (see index.js), with node:crypto's SHA-256 for `digests: true`.
+ * @param {Parameters<typeof coreCheck>[0]} input @param {Parameters<typeof coreCheck>[1]} [opts]
+ */
+export function check(input, opts = {}) {
+  return coreCheck(input, { sha256: sha256Node, ...opts });
+}
 
 /**
  * A ByteSource over a file descriptor: reads only the ranges asked for.
@@ -56,12 +70,13 @@ function readable(path) {
 /**
  * Open a .safetensors file by path (byte ranges are read on demand).  Call close() when done.
  * @param {string} path
+ * @param {{verify?: boolean}} [opts]  verify: check a 1.2 file's digests of each tensor before it is read (node:crypto)
  */
-export function openFile(path) {
+export function openFile(path, opts = {}) {
   readable(path);
   const src = fileSource(path);
   try {
-    const f = new QFile(src);
+    const f = new QFile(src, { sha256: sha256Node, ...opts });
     /** @type {any} */ (f).close = () => src.close();
     return /** @type {QFile & {close(): void}} */ (f);
   } catch (e) {
@@ -193,7 +208,8 @@ function loadOne(path) {
 function loadFrom(f) {
   const all = f.loadAll();
   for (const [name, t] of all) {
-    if (!t.quantized) /** @type {LoadedTensor} */ (t).storedShape = /** @type {any} */ (f.header.entries.get(name)).shape;
+    const e = /** @type {any} */ (f.header.entries.get(name));
+    if (!t.quantized && t.dtype === e.dtype) /** @type {LoadedTensor} */ (t).storedShape = e.shape;  // exact (bigint) shape
   }
   return all;
 }

@@ -1,4 +1,4 @@
-// The structural checks of SPEC.md, written from its text: §3.2's Q1-Q4 for the qformat object
+// The structural checks of SPEC.md, written from its text: §3.2's Q1-Q5 for the qformat object
 // without its descriptors, and §5.5's D1-D14 (with the variants E-int, E-float, E-codebook,
 // B-grid, B-flat) for a descriptor.  They decide both validity and the code, so the reader needs
 // no JSON Schema library: the code of an invalid descriptor comes from which checks fail, never
@@ -8,6 +8,7 @@
 // Numbers or BigInts (exact), numbers written with a fraction or an exponent are Numbers.
 
 import { CODEBOOKS, FLOAT_FORMATS, LIMITS } from "./tables.js";
+import { DIGESTS_SINCE_MINOR, digestsFailures } from "./digest.js";
 
 const MAX_SAFE = 2n ** 53n - 1n;
 const DTYPES = ["float32", "float16", "bfloat16"];
@@ -220,19 +221,22 @@ export function describeFailure(f) {
 }
 
 /**
- * The checks Q1-Q4 of §3.2 on the qformat object without its descriptors (its `version` has
+ * The checks Q1-Q5 of §3.2 on the qformat object without its descriptors (its `version` has
  * passed §3.3): the messages of the failing ones.  Q3 is not checked in a file newer than the
- * reader, whose unknown top-level members are ignored (§3.4).
- * @param {Map<string, any>} obj @param {boolean} newer @returns {string[]}
+ * reader, whose unknown top-level members are ignored (§3.4); `digests` is a member from 1.2 on.
+ * @param {Map<string, any>} obj @param {boolean} newer @param {number} [minor] @returns {string[]}
  */
-export function objectFailures(obj, newer) {
+export function objectFailures(obj, newer, minor = 0) {
   const out = [];
+  const withDigests = newer || minor >= DIGESTS_SINCE_MINOR;
   if (!obj.has("tensors")) out.push("Q1: the qformat object has no 'tensors'");
   else if (!isObject(obj.get("tensors"))) out.push("Q2: 'tensors' is not an object");
   if (!newer) {
-    const extra = [...obj.keys()].filter((k) => !["version", "tensors", "extensions"].includes(k));
+    const known = ["version", "tensors", "extensions", ...(withDigests ? ["digests"] : [])];
+    const extra = [...obj.keys()].filter((k) => !known.includes(k));
     if (extra.length) out.push(`Q3: unknown top-level members ${JSON.stringify(extra)}`);
   }
   if (obj.has("extensions") && !isExtensions(obj.get("extensions"))) out.push("Q4: 'extensions' is not a list of extensions as §3.5 describes them");
+  if (withDigests && obj.has("digests")) out.push(...digestsFailures(obj.get("digests")));
   return out;
 }

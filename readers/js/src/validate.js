@@ -8,7 +8,7 @@ import { error } from "./errors.js";
 import { codesGeometry, gridShape, isPermutation, params, prod, storedGridShape, usesSlots, blocksKey } from "./descriptor.js";
 import { deviceShape, layoutSpec } from "./layouts.js";
 
-export const READER_MINOR = 1;
+export const READER_MINOR = 2;
 export const EXTENSION_NAME = /^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+$/;
 /** Extensions this reader implements (none in 1.1). */
 export const KNOWN_EXTENSIONS = new Set();

@@ -13,7 +13,7 @@ const single = cases.filter((c) => c.input.endsWith(".safetensors"));
 
 test("check() reports exactly the corpus's expected checker codes", { skip: !have && "no corpus" }, () => {
   for (const c of single) {
-    const got = [...new Set(check(readFileSync(corpus + c.input)).map((p) => p.code))].sort();
+    const got = [...new Set(check(readFileSync(corpus + c.input), { digests: true }).map((p) => p.code))].sort();
     assert.deepEqual(got, [...new Set(c.check)].sort(), c.id);
   }
 });
@@ -25,6 +25,7 @@ test("rows decoded by getSlice equal the rows of the whole tensor", { skip: !hav
     for (const name of f.keys()) {
       const full = f.getTensor(name);
       if (!full.shape.length || full.shape[0] < 2) continue;
+      if (full.dtype === "F4") continue;  // two values a byte: a row may end mid-byte (container.test.mjs checks F4 boxes)
       const row = full.data.length / full.shape[0];
       for (const [lo, hi] of [[1, full.shape[0]], [0, 1], [Math.floor(full.shape[0] / 2), full.shape[0] - 1]]) {
         const part = f.getSlice(name, [lo, hi]);

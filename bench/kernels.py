@@ -1,0 +1,132 @@
+"""The ``kernels`` section: the native fused decode (qformat.kernels, issue 23) per scheme,
+against ``np.copyto`` of the output and against the NumPy reference decoder, 1 and 2 threads.
+
+Imports only :mod:`bench.common` in bench/ (no import cycle).  Every scheme's native output is
+checked bit for bit against the NumPy path before it is timed.  Targets (issue 23 item 2):
+int4 g32 and nf4 decode to float32 at >= 0.8x memcpy and >= 4x the NumPy decoder, on 1 and
+2 threads.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import numpy as np
+
+from qformat import kernels
+from qformat.decode import decode
+from qformat.descriptor import parse_descriptor
+from qformat.dtypes import logical_numpy
+from qformat.sources import ArraySource
+
+from .common import MB, Run, _require, _same_bits
+
+
+def _pk(**kw: Any) -> dict[str, Any]:
+    return dict({"container": 8, "bit_order": "lsb_first", "axis": 1}, **kw)
+
+
+def _grid(g: int, tensor: str, **kw: Any) -> dict[str, Any]:
+    return dict({"blocks": {"type": "grid", "size": [1, g]}, "tensor": tensor}, **kw)
+
+
+def case(kind: str, rows: int, cols: int, rng: np.random.Generator, dtype: str) -> tuple[Any, ArraySource]:
+    """(descriptor, source) of one scheme with random codes and realistic parameters."""
+    import ml_dtypes
+
+    def nib() -> np.ndarray:
+        return rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+
+    def sc(g: int, dt: Any = np.float16) -> np.ndarray:
+        return (rng.random((rows, cols // g), np.float32) * 0.02 + 1e-3).astype(dt)
+
+    i4 = {"type": "int", "bits": 4, "signedness": "twos_complement"}
+    d: dict[str, Any] = {"shape": [rows, cols], "dtype": dtype}
+    if kind == "int4 g32":
+        d.update(codes={"tensor": "c", "element": i4, "packing": _pk()}, scale=_grid(32, "s", op="multiply"))
+        comps = {"c": nib(), "s": sc(32)}
+    elif kind == "int4 g128 asym":
+        d.update(codes={"tensor": "c", "element": {"type": "int", "bits": 4, "signedness": "unsigned"}, "packing": _pk()},
+                 zero=_grid(128, "z"), scale=_grid(128, "s", op="multiply"))
+        comps = {"c": nib(), "z": rng.integers(0, 16, (rows, cols // 128), dtype=np.uint8), "s": sc(128)}
+    elif kind == "nf4 b64":
+        d.update(codes={"tensor": "c", "element": {"type": "codebook", "bits": 4, "table": "nf4"}, "packing": _pk()},
+                 scale={"blocks": {"type": "flat", "size": 64}, "op": "multiply", "tensor": "s"})
+        comps = {"c": nib(), "s": rng.random(rows * cols // 64, np.float32)}
+    elif kind == "int8 g32":
+        d.update(codes={"tensor": "c", "element": {"type": "int", "bits": 8, "signedness": "twos_complement"}, "packing": _pk()},
+                 scale=_grid(32, "s", op="multiply"))
+        comps = {"c": rng.integers(0, 256, (rows, cols), dtype=np.uint8), "s": sc(32)}
+    elif kind == "mxfp4":
+        d.update(codes={"tensor": "c", "element": {"type": "float", "format": "e2m1fn"}, "packing": _pk()},
+                 scale=_grid(32, "s", op="multiply"))
+        comps = {"c": nib(), "s": rng.integers(117, 130, (rows, cols // 32), dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)}
+    elif kind == "nvfp4":
+        g16 = cols // 16
+        d.update(codes={"tensor": "c", "element": {"type": "float", "format": "e2m1fn"}, "packing": _pk()},
+                 scale={"blocks": {"type": "grid", "size": [1, 16]}, "op": "multiply",
+                        "encoded": {"shape": [rows, g16], "dtype": "float32",
+                                    "codes": {"tensor": "sc", "element": {"type": "float", "format": "e4m3fn"}, "packing": _pk()},
+                                    "scale": {"blocks": {"type": "grid", "size": [None, None]}, "op": "multiply", "tensor": "ss"}}})
+        comps = {"c": nib(), "sc": rng.integers(0x20, 0x60, (rows, g16), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn),
+                 "ss": np.array(0.0123, np.float32)}
+    elif kind == "fp8 e4m3 per-row":
+        c = rng.integers(0, 256, (rows, cols), dtype=np.uint8)
+        c[(c & 0x7F) == 0x7F] = 0x30  # no NaN codes
+        d.update(codes={"tensor": "c", "element": {"type": "float", "format": "e4m3fn"}, "packing": _pk()},
+                 scale=_grid(None, "s", op="multiply"))  # type: ignore[arg-type]
+        comps = {"c": c.view(ml_dtypes.float8_e4m3fn), "s": rng.random((rows, 1), np.float32)}
+    elif kind == "q4_0 planes (GGUF order)":
+        d.update(codes={"tensor": "c", "element": {"type": "int", "bits": 4, "signedness": "offset_binary"}, "packing": _pk(planes={"span": 32})},
+                 scale=_grid(32, "s", op="multiply"))
+        comps = {"c": nib(), "s": sc(32)}
+    elif kind == "int3 g64 (stream)":
+        d.update(codes={"tensor": "c", "element": {"type": "int", "bits": 3, "signedness": "twos_complement"}, "packing": _pk()},
+                 scale=_grid(64, "s", op="multiply"))
+        comps = {"c": rng.integers(0, 256, (rows, cols * 3 // 8), dtype=np.uint8), "s": sc(64)}
+    else:
+        raise KeyError(kind)
+    return parse_descriptor("w", d), ArraySource(comps)
+
+
+KINDS = ["int4 g32", "nf4 b64", "int4 g128 asym", "int8 g32", "mxfp4", "nvfp4", "fp8 e4m3 per-row", "q4_0 planes (GGUF order)",
+         "int3 g64 (stream)"]
+TARGET_KINDS = ("int4 g32", "nf4 b64")
+
+
+def bench_kernels(run: Run, rows: int, cols: int) -> None:
+    """Native fused decode against memcpy of the output and the NumPy decoder, per scheme."""
+    info = kernels.info()
+    print(f"\n[kernels] {rows}x{cols}; {info}", flush=True)
+    if info["path"] != "native":
+        print("  the native kernel is not in use: no rows", flush=True)
+        return
+    rng = np.random.default_rng(0)
+    kinds = ["int4 g32", "nf4 b64"] if run.quick else KINDS
+    for kind in kinds:
+        for dtype in ("float32", "bfloat16", "float16") if kind in TARGET_KINDS else ("float32",):
+            desc, src = case(kind, rows, cols, rng, dtype)
+            out = np.empty((rows, cols), logical_numpy(dtype))
+            nbytes = out.nbytes
+            with kernels.use("numpy"):
+                ref = decode(desc, src, threads=1)
+            _require(_same_bits(decode(desc, src, threads=2), ref), f"native decode of {kind} to {dtype}")
+            sec = f"kernels {kind} -> {dtype}"
+            print(f" {kind} -> {dtype} ({nbytes / MB:.0f} MB)", flush=True)
+            for th in (1, 2):
+                with kernels.use("numpy"):
+                    run.row(sec, f"numpy decoder, {th} thread{'s' if th > 1 else ''}", run.time(lambda: decode(desc, src, out=out, threads=th)), nbytes)
+            for th in (1, 2):
+                name = f"native ({info['level']}), {th} thread{'s' if th > 1 else ''}"
+                run.row(sec, name, run.time(lambda: decode(desc, src, out=out, threads=th)), nbytes,
+                        ref=f"numpy decoder, {th} thread{'s' if th > 1 else ''}")
+            _require(_same_bits(out, ref), f"native decode of {kind} to {dtype} into out")
+            if kind in TARGET_KINDS and dtype == "float32" and not run.quick:
+                for th in (1, 2):
+                    r = next(x for x in run.rows if x["section"] == sec and x["name"].endswith(f"{th} thread{'s' if th > 1 else ''}")
+                             and x["name"].startswith("native"))
+                    run.target(f"native {kind} decode to float32, {th} thread(s), x memcpy (issue 23)", r["x_memcpy"], 0.8)
+                    run.target(f"native {kind} decode to float32, {th} thread(s), x the NumPy decoder (issue 23)", r["x_vs"], 4.0)
+            del desc, src, out, ref
+            gc.collect()

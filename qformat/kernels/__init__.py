@@ -1,0 +1,110 @@
+"""Native decode kernels (issue 23): which path decodes, and the one call into the C kernel.
+
+The C extension :mod:`qformat.kernels._native` (``_native.c``, built by the package's own
+setuptools build as an *optional* extension) fuses a decode into one pass: packed bytes ->
+element value (a 256-entry byte table) -> zero, scale, bias in binary32 -> one
+round-to-nearest-even cast to float32 / float16 / bfloat16.  :mod:`qformat.decode` plans each
+region (which bytes, which parameter cells; two-level parameters decoded first by the NumPy
+reference) and calls :func:`fused`; whatever the kernel does not cover, or any machine where
+the extension did not build, takes the NumPy reference path, which gives the same bits.
+
+``QFORMAT_KERNELS`` (read at import) picks the path: unset or ``auto`` (the best level this CPU
+has), ``numpy`` (never the native kernel), or a level name (``generic``, ``avx2``,
+``avx512``).  :func:`info` says which path runs; :func:`use` switches it at run time (tests).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+try:  # the extension is optional: no compiler at install time leaves the NumPy path
+    from . import _native  # type: ignore[attr-defined]
+
+    _IMPORT_ERROR: str | None = None
+except ImportError as e:  # pragma: no cover - exercised by the fresh-install check without a compiler
+    _native = None
+    _IMPORT_ERROR = ("qformat.kernels._native was not built (no C compiler at install time, or a platform it does not "
+                     "support)" if "_native" in str(e) else str(e))
+
+#: Parameter operations and column modes, as numbered in ``_native.c``.
+OPS = {"subtract": 0, "multiply": 1, "divide": 2, "add": 3}
+MODE_CONST, MODE_BLOCK, MODE_FLAT, MODE_COLS = 0, 1, 2, 3
+OUT_KINDS = {"float32": 0, "float16": 1, "bfloat16": 2}
+LEVELS = ("generic", "avx2", "avx512")
+#: Values per tile in ``_native.c`` (TILE): a planes span the kernel reads must divide it.
+TILE = 1024
+
+_enabled = False
+_reason = ""
+
+
+def _configure(choice: str) -> None:
+    global _enabled, _reason
+    choice = (choice or "auto").strip().lower()
+    if _native is None:
+        _enabled, _reason = False, f"the native extension is not built ({_IMPORT_ERROR})"
+        return
+    if choice == "numpy":
+        _enabled, _reason = False, "QFORMAT_KERNELS=numpy"
+        return
+    level = _native.cpu_level() if choice == "auto" else choice
+    if level not in LEVELS:
+        raise ValueError(f"QFORMAT_KERNELS must be auto, numpy or one of {', '.join(LEVELS)}; found {choice!r}")
+    _native.set_level(level)  # ValueError for a level this CPU lacks
+    _enabled, _reason = True, "" if choice == "auto" else f"QFORMAT_KERNELS={choice}"
+
+
+_configure(os.environ.get("QFORMAT_KERNELS", "auto"))
+
+
+def enabled() -> bool:
+    """True when decodes go through the native kernel (where it covers the descriptor)."""
+    return _enabled
+
+
+def info() -> dict[str, Any]:
+    """Which decode path runs: ``path`` ("native" or "numpy"), ``level`` (the native kernel's
+    instruction set level, None on the NumPy path), ``cpu_level`` (the best level this CPU and
+    build have, None without the extension), ``built`` (whether the extension imported) and
+    ``reason`` (why the NumPy path, or why a forced level)."""
+    return {
+        "path": "native" if _enabled else "numpy",
+        "level": _native.level() if _enabled and _native is not None else None,
+        "cpu_level": _native.cpu_level() if _native is not None else None,
+        "built": _native is not None,
+        "reason": _reason,
+    }
+
+
+@contextmanager
+def use(choice: str) -> Iterator[None]:
+    """Decode with ``choice`` ("numpy", "auto" or a level name) inside the block (not
+    thread-safe: for tests and benchmarks)."""
+    before = (_enabled, _reason, _native.level() if _native is not None else None)
+    _configure(choice)
+    try:
+        yield
+    finally:
+        _restore(before)
+
+
+def _restore(state: tuple[bool, str, str | None]) -> None:
+    global _enabled, _reason
+    _enabled, _reason = state[0], state[1]
+    if _native is not None and state[2] is not None:
+        _native.set_level(state[2])
+
+
+def fused(codes: Any, stride: int, rows: int, cols: int, n: int, byte_table: Any,
+          params: Sequence[tuple[Any, ...]], out: Any, out_kind: int, span: int = 0) -> None:
+    """One call of the C kernel on ``rows`` x ``cols`` values (see ``_native.c``): ``codes``
+    (bytes, ``n`` codes per byte, rows ``stride`` bytes apart), ``byte_table`` (float32
+    ``[256, n]``), ``params`` in decode order as ``(op, mode, values, rowoff, colidx, a, b[, value format])``
+    (format 0: binary32 values, 1: binary16, 2: bfloat16, as uint16 bits),
+    ``out`` (C-contiguous, ``out_kind``), ``span`` (0, or a planes span, SPEC.md 7.12).  Every size and parameter cell is range-checked in
+    C (ValueError) before any byte is read."""
+    if _native is None:
+        raise RuntimeError(f"the native extension is not built ({_IMPORT_ERROR})")
+    _native.decode(codes, stride, rows, cols, n, byte_table, params, out, out_kind, span)

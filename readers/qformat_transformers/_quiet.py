@@ -1,0 +1,41 @@
+"""Known console noise of this package's imports, dropped at its source (issue 24).
+
+Importing transformers' quantizer registry (which this package extends) imports every
+quantizer's backend that is installed: torchao logs a "Failed to load" line per optional CUDA
+extension it cannot load on this machine, torch's pytree logs a deprecation line per Enum that
+torchao registers, and bitsandbytes logs that the optional ``kernels`` package is missing.
+None of it concerns qformat, and none of it is an error.  Each is dropped by a filter on the
+logger that emits it, matching that message only: every other record of those loggers, and
+every Python warning, is shown as before.
+"""
+
+from __future__ import annotations
+
+import logging
+
+#: logger name -> substrings of the known messages dropped from it.
+KNOWN_NOISE: dict[str, tuple[str, ...]] = {
+    "torchao": ("Failed to load ",),
+    "torch.utils._pytree": ("is an Enum subclass and is now natively supported by torch.compile",),
+    "bitsandbytes.backends.cpu.ops": ("from kernels-community",),
+}
+
+
+class KnownNoise(logging.Filter):
+    """Drops the records whose message contains one of ``needles``."""
+
+    def __init__(self, needles: tuple[str, ...]):
+        super().__init__()
+        self.needles = needles
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not any(n in msg for n in self.needles)
+
+
+def install() -> None:
+    """Add the filters (once each) to the loggers in :data:`KNOWN_NOISE`."""
+    for name, needles in KNOWN_NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, KnownNoise) for f in logger.filters):
+            logger.addFilter(KnownNoise(needles))

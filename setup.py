@@ -1,0 +1,23 @@
+"""The native decode kernel (qformat/kernels/_native.c) as an optional setuptools extension.
+
+Everything else about the package is in pyproject.toml.  Why setuptools (the build backend the
+project already uses) and not scikit-build-core or meson-python: one C file with no dependency
+needs no CMake or Meson, so the build adds nothing to install, and ``optional=True`` makes a
+failed compile (no compiler, an unsupported platform) a warning: the package installs and
+decodes with the NumPy path, which gives the same bits (``qformat.kernels.info()`` says which
+path runs).  ``-ffp-contract=off`` keeps every binary32 step one rounding (SPEC.md 10.2: no fused
+multiply-add); no -ffast-math, which would reassociate, use reciprocals and flush subnormals.
+Runtime dispatch (baseline / AVX2 / AVX-512) is in the C file, so one build runs on any CPU of
+its architecture.
+"""
+
+import sys
+
+from setuptools import Extension, setup
+
+if sys.platform == "win32":
+    args = ["/O2", "/fp:strict"]
+else:
+    args = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-strict-aliasing", "-fvisibility=hidden"]
+
+setup(ext_modules=[Extension("qformat.kernels._native", ["qformat/kernels/_native.c"], extra_compile_args=args, optional=True)])

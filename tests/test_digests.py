@@ -1,0 +1,163 @@
+"""Per-stored-tensor digests (SPEC.md §3.8, spec 1.2): written by every writer while the bytes
+stream out, verified by ``qformat check --digests``, by ``verify=True`` readers and by every
+command that reads a qformat checkpoint; a 1.1 reader still reads a 1.2 file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import qformat
+from qformat import container
+from qformat.container import read_header
+from qformat.errors import QFormatError
+
+from .filebuild import int4_expected, int4_tensor
+
+
+def _save(path: Path, **extra: np.ndarray) -> dict[str, np.ndarray]:
+    d, c = int4_tensor("w")
+    d2, c2 = int4_tensor("v", seed=1)
+    tensors = {"w": qformat.QTensor(d, c), "v": qformat.QTensor(d2, c2), "b": np.arange(3, dtype=np.float32), **extra}
+    qformat.save_file(tensors, path)
+    return {"w": int4_expected(d, c)}
+
+
+def _qobj(path: Path) -> dict:
+    return json.loads(read_header(path).metadata["qformat"])
+
+
+def _stored(path: Path) -> dict[str, bytes]:
+    h = read_header(path)
+    data = path.read_bytes()
+    return {n: data[h.data_start + e.begin : h.data_start + e.end] for n, e in h.entries.items()}
+
+
+def _flip(path: Path, stored: str, at: int = 0) -> None:
+    h = read_header(path)
+    data = bytearray(path.read_bytes())
+    data[h.data_start + h.entries[stored].begin + at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_save_file_records_the_sha256_of_every_stored_tensor(tmp_path: Path) -> None:
+    p = tmp_path / "a.safetensors"
+    _save(p, e=np.zeros((0, 4), np.float32))
+    q = _qobj(p)
+    assert q["version"] == "1.2"  # SPEC.md §3.3: digests are a 1.2 feature
+    stored = _stored(p)
+    assert q["digests"]["algorithm"] == "sha256" and set(q["digests"]["tensors"]) == set(stored)
+    for n, b in stored.items():
+        assert q["digests"]["tensors"][n] == hashlib.sha256(b).hexdigest(), n
+    assert q["digests"]["tensors"]["e"] == hashlib.sha256(b"").hexdigest()
+    assert qformat.check(p, digests=True).ok
+    # deterministic: the placeholders never reach the file
+    p2 = tmp_path / "b.safetensors"
+    _save(p2, e=np.zeros((0, 4), np.float32))
+    assert p.read_bytes() == p2.read_bytes()
+
+
+def test_a_file_without_quantized_tensors_stays_plain_safetensors(tmp_path: Path) -> None:
+    p = tmp_path / "plain.safetensors"
+    qformat.save_file({"b": np.arange(3, dtype=np.float32)}, p)
+    assert read_header(p).metadata is None
+
+
+def test_a_1_1_reader_reads_a_1_2_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = tmp_path / "a.safetensors"
+    want = _save(p)
+    from qformat import descriptor, model, validate
+
+    for mod in (descriptor, model, validate):
+        monkeypatch.setattr(mod, "READER_VERSION", (1, 1))
+    got = qformat.load_file(p)  # newer minor: the unknown top-level member 'digests' is ignored (§3.4)
+    np.testing.assert_array_equal(got["w"], want["w"])
+    with qformat.safe_open(p) as f:
+        assert f.model.digests is not None  # a 1.1 reader ignores them; this one keeps them, unverified
+
+
+def test_a_flipped_byte_is_found_by_check_digests_and_verify(tmp_path: Path) -> None:
+    p = tmp_path / "a.safetensors"
+    _save(p)
+    _flip(p, "w.codes", 3)
+    assert qformat.check(p).ok  # the default check does not read every byte
+    rep = qformat.check(p, digests=True)
+    assert [(x.code, x.tensor, x.field) for x in rep.problems] == [("DIGEST_MISMATCH", "w", "digests.tensors['w.codes']")]
+    assert "w.codes" in rep.problems[0].message and "sha256" in rep.problems[0].message
+    qformat.load_file(p)  # readers that do not verify decode the bytes as they are
+    with pytest.raises(QFormatError) as ei:
+        qformat.load_file(p, verify=True)
+    assert ei.value.code == "DIGEST_MISMATCH" and ei.value.tensor == "w"
+    with qformat.safe_open(p, verify=True) as f:  # only the tensor whose bytes differ is refused
+        f.get_tensor("v")
+        f.get_tensor("b")
+        with pytest.raises(QFormatError):
+            f.get_tensor("w")
+
+
+def test_check_cli_digests_flag(tmp_path: Path) -> None:
+    p = tmp_path / "a.safetensors"
+    _save(p)
+    _flip(p, "b")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "qformat", "check", *a, str(p)], capture_output=True, text=True)  # noqa: E731
+    assert run().returncode == 0
+    r = run("--digests")
+    assert r.returncode == 1 and "DIGEST_MISMATCH" in r.stdout and "'b'" in r.stdout
+
+
+def test_unknown_algorithm_is_unsupported_only_where_digests_are_verified(tmp_path: Path) -> None:
+    d, c = int4_tensor("w")
+    q = {"version": "1.2", "tensors": {"w": d}, "digests": {"algorithm": "blake3", "tensors": {"w.codes": "ab"}}}
+    p = tmp_path / "a.safetensors"
+    from .filebuild import build_file
+
+    p.write_bytes(build_file(c, qformat=json.dumps(q)))
+    qformat.load_file(p)
+    assert [x.code for x in qformat.check(p, digests=True).problems] == ["DIGEST_UNSUPPORTED"]
+    with pytest.raises(QFormatError) as ei:
+        qformat.safe_open(p, verify=True)
+    assert ei.value.code == "DIGEST_UNSUPPORTED"
+
+
+def test_checkpoint_writers_record_digests_and_commands_refuse_damage(tmp_path: Path) -> None:
+    from .test_quantize_checkpoint import _llama
+
+    (tmp_path / "w").mkdir()
+    _llama(tmp_path / "w" / "src")
+    out = tmp_path / "w" / "q"
+    qformat.quantize_checkpoint(tmp_path / "w" / "src", out, scheme="int", bits=4, group_size=32)
+    f = out / "model.safetensors"
+    q = _qobj(f)
+    stored = _stored(f)
+    assert q["version"] == "1.2" and all(q["digests"]["tensors"][n] == hashlib.sha256(b).hexdigest() for n, b in stored.items())
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"]["spec_version"] == "1.2"
+    assert qformat.check(out, digests=True).ok
+    name = next(n for n in stored if n.endswith(".codes"))
+    _flip(f, name, 1)
+    with pytest.raises(QFormatError) as ei:  # every command reads with check's rules, digests included
+        qformat.dequantize_checkpoint(out, tmp_path / "dq")
+    assert ei.value.code == "DIGEST_MISMATCH"
+    from qformat.checkpoint.source import unchecked
+
+    with unchecked():  # --no-check: read as it is, at the user's risk
+        qformat.dequantize_checkpoint(out, tmp_path / "dq2")
+
+
+def test_copied_bodies_get_the_digest_of_the_copied_bytes(tmp_path: Path) -> None:
+    src = tmp_path / "src.bin"
+    body = np.arange(64, dtype=np.uint8)
+    src.write_bytes(b"xyz" + body.tobytes())
+    spec = container.TensorSpec("t", "U8", (64,))
+    plan = container.plan_file([spec], {"qformat": json.dumps({"version": "1.0", "tensors": {}})})
+    out = tmp_path / "o.safetensors"
+    container.write_planned(out, plan, lambda s: body, copy_from={"t": (str(src), 3)})
+    q = _qobj(out)
+    assert q["version"] == "1.2" and q["digests"]["tensors"]["t"] == hashlib.sha256(body.tobytes()).hexdigest()
+    assert qformat.check(out, digests=True).ok

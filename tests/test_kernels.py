@@ -1,0 +1,419 @@
+"""The native decode kernel (qformat.kernels, issue 23) against the NumPy reference decoder.
+
+Every case decodes the same descriptor twice, once on the NumPy path (``kernels.use("numpy")``,
+the reference the conformance corpus checks) and once on each native level this CPU has, and
+compares the bits (NaN by class).  The NumPy fallback is tested as a fallback: forced by
+``QFORMAT_KERNELS=numpy`` in a fresh process.  The kernel's own argument checks are tested by
+calling it with wrong sizes and out-of-range parameter cells; the sanitizer test
+(``test_sanitized_kernel_on_mutants``) builds the C file with AddressSanitizer and
+UndefinedBehaviorSanitizer and decodes corpus mutants through it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from qformat import kernels
+from qformat.decode import decode, native_covers
+from qformat.descriptor import parse_descriptor
+from qformat.sources import ArraySource
+
+ROOT = Path(__file__).resolve().parents[1]
+native = pytest.mark.skipif(not kernels.info()["built"], reason="the native extension is not built")
+LEVELS = [lv for lv in kernels.LEVELS if kernels.info()["built"] and kernels.LEVELS.index(lv) <= kernels.LEVELS.index(kernels.info()["cpu_level"])]
+
+
+def _pk(axis=1, **kw):
+    return dict({"container": 8, "bit_order": "lsb_first", "axis": axis}, **kw)
+
+
+def _special_f32(rng, n):
+    """binary32 values of every class: zeros of both signs, subnormals, values on binary16 and
+    bfloat16 rounding ties and overflow edges, infinities, NaNs, and random bit patterns."""
+    edges = np.array([0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x00800000, 0x33000000, 0x33000001, 0x337FFFFF,
+                      0x38800000, 0x387FE000, 0x387FF000, 0x477FE000, 0x477FEFFF, 0x477FF000, 0x477FF001, 0x7F7FFFFF,
+                      0x3F808000, 0x3F818000, 0x3F807FFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
+                      0x3F800000, 0xBF800000, 0x3C000000, 0x00400000], np.uint32)
+    rand = rng.integers(0, 2**32, n - len(edges), dtype=np.uint64).astype(np.uint32)
+    return np.concatenate([edges, rand]).view(np.float32)
+
+
+def _cases():
+    """(name, descriptor dict, components) covering each way the kernel reads codes and
+    parameters: packed bytes (1, 2, 4 codes per byte, both bit orders), unpacked codes (odd
+    widths, streams, planes, 1-bit, a storage order), constant / block / flat / per-column
+    parameter cells, two-level parameters, and elements with every class of value."""
+    rng = np.random.default_rng(23)
+    out = []
+
+    def add(name, shape, el, pk, params, codes, **comps):
+        d = {"shape": list(shape), "dtype": "float32", "codes": {"tensor": "codes", "element": el, "packing": pk}}
+        d.update(params)
+        out.append((name, d, dict(codes=codes, **comps)))
+
+    nib = lambda r, c: rng.integers(0, 256, (r, c // 2), dtype=np.uint8)  # noqa: E731
+    sc = lambda *s: (rng.random(s, np.float32) * 0.02 + 1e-3).astype(np.float16)  # noqa: E731
+    i4 = {"type": "int", "bits": 4, "signedness": "twos_complement"}
+    u4 = {"type": "int", "bits": 4, "signedness": "unsigned"}
+    add("int4 g32", (16, 96), i4, _pk(), {"scale": {"blocks": {"type": "grid", "size": [1, 32]}, "op": "multiply", "tensor": "s"}},
+        nib(16, 96), s=sc(16, 3))
+    add("int4 g32 asym msb", (16, 96), u4, _pk(bit_order="msb_first"),
+        {"zero": {"blocks": {"type": "grid", "size": [1, 32]}, "tensor": "z"},
+         "scale": {"blocks": {"type": "grid", "size": [1, 32]}, "op": "multiply", "tensor": "s"}},
+        nib(16, 96), z=rng.integers(0, 16, (16, 3), dtype=np.uint8), s=sc(16, 3))
+    add("int4 g40 partial, divide, bias", (6, 100), i4, _pk(),
+        {"scale": {"blocks": {"type": "grid", "size": [1, 40]}, "op": "divide", "tensor": "s"},
+         "bias": {"blocks": {"type": "grid", "size": [2, None]}, "op": "subtract", "tensor": "b"}},
+        nib(6, 100), s=sc(6, 3), b=rng.standard_normal((3, 1)).astype(np.float32))
+    add("nf4 flat 64", (8, 96), {"type": "codebook", "bits": 4, "table": "nf4"}, _pk(),
+        {"scale": {"blocks": {"type": "flat", "size": 64}, "op": "multiply", "tensor": "s"}},
+        nib(8, 96), s=rng.random(12, np.float32))
+    add("nf4 flat 7 over odd rows", (5, 6), {"type": "codebook", "bits": 4, "table": "nf4"}, _pk(),
+        {"scale": {"blocks": {"type": "flat", "size": 7}, "op": "multiply", "tensor": "s"}},
+        nib(5, 6), s=rng.random(5, np.float32))
+    add("int8 per-row", (8, 40), {"type": "int", "bits": 8, "signedness": "twos_complement"}, _pk(),
+        {"scale": {"blocks": {"type": "grid", "size": [1, None]}, "op": "multiply", "tensor": "s"}},
+        rng.integers(-128, 128, (8, 40), dtype=np.int8), s=rng.random((8, 1), np.float32))
+    add("int8 per-column", (8, 40), {"type": "int", "bits": 8, "signedness": "twos_complement"}, _pk(),
+        {"scale": {"blocks": {"type": "grid", "size": [None, 1]}, "op": "multiply", "tensor": "s"}},
+        rng.integers(-128, 128, (8, 40), dtype=np.int8), s=rng.random((1, 40), np.float32))
+    add("int2 per-tensor", (4, 64), {"type": "int", "bits": 2, "signedness": "twos_complement"}, _pk(),
+        {"scale": {"blocks": {"type": "grid", "size": [None, None]}, "op": "multiply", "tensor": "s"}},
+        rng.integers(0, 256, (4, 16), dtype=np.uint8), s=np.array([[0.5]], np.float32))
+    add("int1 (8 per byte, unpacked path)", (4, 64), {"type": "int", "bits": 1, "signedness": "unsigned"}, _pk(),
+        {"scale": {"blocks": {"type": "grid", "size": [1, 16]}, "op": "multiply", "tensor": "s"}},
+        rng.integers(0, 256, (4, 8), dtype=np.uint8), s=sc(4, 4))
+    add("int3 stream, rank 3 axis-0 groups", (4, 3, 16), {"type": "int", "bits": 3, "signedness": "twos_complement"}, _pk(axis=2),
+        {"scale": {"blocks": {"type": "grid", "size": [2, None, None]}, "op": "multiply", "tensor": "s"}},
+        rng.integers(0, 256, (4, 3, 6), dtype=np.uint8), s=sc(2, 1, 1))
+    add("int4 flat packing, odd width", (5, 7), i4, _pk(axis=None),
+        {"scale": {"blocks": {"type": "grid", "size": [1, 4]}, "op": "multiply", "tensor": "s"}},
+        rng.integers(0, 256, 18, dtype=np.uint8), s=sc(5, 2))
+    add("q4_0 planes span 32", (4, 64), {"type": "int", "bits": 4, "signedness": "offset_binary"}, _pk(planes={"span": 32}),
+        {"scale": {"blocks": {"type": "grid", "size": [1, 32]}, "op": "multiply", "tensor": "s"}},
+        nib(4, 64), s=sc(4, 2))
+    gidx = (np.arange(24) * 7 % 3).astype(np.int32)
+    add("act-order group index on the last axis", (4, 24), u4, _pk(),
+        {"zero": {"blocks": {"type": "grid", "size": [1, None], "index": {"axis": 1, "tensor": "g", "count": 3}}, "tensor": "z"},
+         "scale": {"blocks": {"type": "grid", "size": [1, None], "index": {"axis": 1, "tensor": "g", "count": 3}}, "op": "multiply", "tensor": "s"}},
+        nib(4, 24), z=rng.integers(0, 16, (4, 3), dtype=np.uint8), s=sc(4, 3), g=gidx)
+    e4 = rng.integers(0, 256, (6, 32), dtype=np.uint8)
+    add("fp8 e4m3 (NaN codes) per-row", (6, 32), {"type": "float", "format": "e4m3fn"}, _pk(),
+        {"scale": {"blocks": {"type": "grid", "size": [1, None]}, "op": "multiply", "tensor": "s"}},
+        e4.view(ml_dtypes.float8_e4m3fn), s=rng.random((6, 1), np.float32))
+    g16 = 4
+    add("nvfp4 (two-level scale)", (8, 64), {"type": "float", "format": "e2m1fn"}, _pk(),
+        {"scale": {"blocks": {"type": "grid", "size": [1, 16]}, "op": "multiply",
+                   "encoded": {"shape": [8, g16], "dtype": "float32",
+                               "codes": {"tensor": "sc", "element": {"type": "float", "format": "e4m3fn"}, "packing": _pk()},
+                               "scale": {"blocks": {"type": "grid", "size": [None, None]}, "op": "multiply", "tensor": "ss"}}}},
+        nib(8, 64), sc=rng.integers(0x20, 0x60, (8, g16), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn), ss=np.array(0.0123, np.float32))
+    # every class of binary32 value, through every operation: a 256-entry codebook of special
+    # values, per-row zero (subtract), per-column scale (divide, zeros included), per-row bias
+    table = _special_f32(rng, 256)
+    par = _special_f32(rng, 40)
+    add("special values, 8-bit codebook table", (40, 40), {"type": "codebook", "bits": 8, "table_tensor": "t"}, _pk(),
+        {"zero": {"blocks": {"type": "grid", "size": [1, None]}, "tensor": "z"},
+         "scale": {"blocks": {"type": "grid", "size": [None, 1]}, "op": "divide", "tensor": "s"},
+         "bias": {"blocks": {"type": "grid", "size": [8, None]}, "op": "add", "tensor": "b"}},
+        np.arange(1600, dtype=np.uint32).astype(np.uint8).reshape(40, 40), t=table, z=par.reshape(40, 1)[::-1].copy(),
+        s=par.reshape(1, 40), b=par[:5].reshape(5, 1))
+    add("special values times 1", (16, 16), {"type": "codebook", "bits": 8, "table_tensor": "t"}, _pk(),
+        {"scale": {"blocks": {"type": "grid", "size": [None, None]}, "op": "multiply", "tensor": "s"}},
+        np.arange(256, dtype=np.uint8).reshape(16, 16), t=table, s=np.ones((1, 1), np.float32))
+    # the same classes through the two-codes-per-byte path (16-entry table, blocks of 16)
+    t16 = table[[0, 1, 2, 3, 5, 8, 10, 13, 15, 16, 19, 20, 21, 22, 24, 26]]
+    add("special values, 4-bit codebook table", (16, 64), {"type": "codebook", "bits": 4, "table_tensor": "t"}, _pk(),
+        {"zero": {"blocks": {"type": "grid", "size": [1, 32]}, "tensor": "z"},
+         "scale": {"blocks": {"type": "grid", "size": [1, 16]}, "op": "divide", "tensor": "s"}},
+        nib(16, 64), t=t16, z=_special_f32(rng, 32).reshape(16, 2), s=_special_f32(rng, 64).reshape(16, 4))
+    return out
+
+
+CASES = _cases()
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bits, NaN by class (SPEC.md 10.4)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.size == 0:  # (zero-size tensors of the corpus may have huge other axes)
+        return True
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+    if a.dtype.kind in "iub":  # a plain integer tensor of the file
+        return bool(np.array_equal(a.view(bits), b.view(bits)))
+    na, nb = np.isnan(a.astype(np.float64)), np.isnan(b.astype(np.float64))
+    return bool((na == nb).all() and (a.view(bits)[~na] == b.view(bits)[~nb]).all())
+
+
+def _regions(shape):
+    full = tuple((0, n) for n in shape)
+    out = [None, ((1, shape[0]),) + full[1:]]
+    if shape[-1] > 3:
+        out.append(full[:-1] + ((1, shape[-1] - 2),))
+    return out
+
+
+@native
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name,d,comps", CASES, ids=[c[0] for c in CASES])
+def test_native_matches_numpy_reference(name, d, comps, dtype, level):
+    desc = parse_descriptor("w", dict(d, dtype=dtype))
+    src = ArraySource(comps)
+    for region in _regions(tuple(d["shape"])):
+        with kernels.use("numpy"):
+            assert not native_covers(desc)
+            want = decode(desc, src, region, threads=1)
+        with kernels.use(level):
+            assert native_covers(desc)
+            for threads in (1, 2):
+                got = decode(desc, src, region, threads=threads)
+                assert _same(got, want), (name, dtype, level, region, threads)
+
+
+@native
+def test_native_decode_of_large_tensor_is_chunked_and_threaded():
+    """Many chunks on two threads give the bits of one NumPy pass."""
+    rng = np.random.default_rng(1)
+    rows, cols = 512, 4096
+    d = {"shape": [rows, cols], "dtype": "bfloat16",
+         "codes": {"tensor": "c", "element": {"type": "codebook", "bits": 4, "table": "nf4"}, "packing": _pk()},
+         "scale": {"blocks": {"type": "grid", "size": [1, 64]}, "op": "multiply", "tensor": "s"}}
+    desc = parse_descriptor("w", d)
+    src = ArraySource({"c": rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8), "s": rng.random((rows, 64), np.float32)})
+    with kernels.use("numpy"):
+        want = decode(desc, src, threads=1)
+    assert _same(decode(desc, src, threads=2), want)
+
+
+def test_info_says_which_path_runs():
+    i = kernels.info()
+    assert set(i) == {"path", "level", "cpu_level", "built", "reason"}
+    with kernels.use("numpy"):
+        assert kernels.info()["path"] == "numpy" and kernels.info()["level"] is None
+    assert kernels.info() == i
+    with pytest.raises(ValueError):
+        with kernels.use("sse9"):
+            pass
+
+
+def test_numpy_fallback_in_a_fresh_process(tmp_path):
+    """QFORMAT_KERNELS=numpy: the NumPy path runs (as on a machine where the extension did
+    not build) and decodes the same bits."""
+    import json
+
+    name, d, comps = CASES[1]
+    np.savez(tmp_path / "c.npz", **comps)
+    code = """
+import json, sys, numpy as np
+from qformat import kernels
+from qformat.decode import decode
+from qformat.descriptor import parse_descriptor
+from qformat.sources import ArraySource
+comps = dict(np.load(sys.argv[1]))
+out = decode(parse_descriptor("w", json.loads(sys.argv[2])), ArraySource(comps), threads=1)
+print(json.dumps(kernels.info()), out.view(np.uint32).sum(dtype=np.uint64))
+"""
+    env = dict(os.environ, QFORMAT_KERNELS="numpy")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c.npz"), json.dumps(d)], env=env, capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    info_s, total = r.stdout.rsplit(" ", 1)
+    info = json.loads(info_s)
+    assert info["path"] == "numpy" and info["reason"] == "QFORMAT_KERNELS=numpy"
+    with kernels.use("numpy"):
+        want = decode(parse_descriptor("w", d), ArraySource(comps), threads=1)
+    assert int(total) == int(want.view(np.uint32).sum(dtype=np.uint64))
+
+
+@native
+def test_kernel_checks_its_arguments():
+    """The C entry point refuses every size or parameter cell outside its buffers (ValueError)
+    before it reads a byte, whatever the caller passes."""
+    codes = np.zeros((4, 8), np.uint8)
+    bt = np.zeros((256, 2), np.float32)
+    out = np.zeros((4, 16), np.float32)
+    v = np.ones(8, np.float32)
+    row = np.arange(4, dtype=np.int64) * 2
+    ok = (1, kernels.MODE_BLOCK, v, row, None, 0, 8)
+    kernels.fused(codes, 8, 4, 16, 2, bt, [ok], out, 0)  # the baseline call is accepted
+    bad = [
+        (codes[:3], 8, 4, 16, 2, bt, [ok], out, 0),  # codes too short
+        (codes, 8, 4, 16, 2, bt[:255], [ok], out, 0),  # byte table too short
+        (codes, 8, 4, 16, 3, bt, [ok], out, 0),  # 3 codes per byte
+        (codes, 8, 4, 15, 2, bt, [ok], out, 0),  # half a byte per row
+        (codes, 8, 4, 16, 2, bt, [ok], out[:3], 0),  # output too short
+        (codes, 8, 4, 16, 2, bt, [ok], out, 7),  # no such output kind
+        (codes, 8, 4, 16, 2, bt, [ok] * 4, out, 0),  # four parameters
+        (codes, 8, 4, 16, 2, bt, [(1, kernels.MODE_BLOCK, v[:7], row, None, 0, 8)], out, 0),  # last cell past the values
+        (codes, 8, 4, 16, 2, bt, [(1, kernels.MODE_BLOCK, v, row, None, 0, 0)], out, 0),  # blocks of 0
+        (codes, 8, 4, 16, 2, bt, [(1, kernels.MODE_BLOCK, v, row - 1, None, 0, 8)], out, 0),  # negative cell
+        (codes, 8, 4, 16, 2, bt, [(1, kernels.MODE_BLOCK, v, row[:3], None, 0, 8)], out, 0),  # a row offset missing
+        (codes, 8, 4, 16, 2, bt, [(1, kernels.MODE_CONST, v, row + 2, None, 0, 1)], out, 0),  # const cell past the end
+        (codes, 8, 4, 16, 2, bt, [(1, kernels.MODE_FLAT, v, row * 16, None, 0, 8)], out, 0),  # flat cells past the end
+        (codes, 8, 4, 16, 2, bt, [(1, kernels.MODE_COLS, v, row, np.zeros(15, np.int64), 0, 1)], out, 0),  # colidx short
+        (codes, 8, 4, 16, 2, bt, [(1, kernels.MODE_COLS, v, row, np.full(16, 2, np.int64), 0, 1)], out, 0),  # col cell past
+        (codes, 8, 4, 16, 2, bt, [(1, kernels.MODE_COLS, v, row, np.full(16, -1, np.int64), 0, 1)], out, 0),  # negative col
+        (codes, 8, 4, 16, 2, bt, [(9, kernels.MODE_BLOCK, v, row, None, 0, 8)], out, 0),  # no such op
+        (codes, 8, 4, 16, 2, bt, [(1, 9, v, row, None, 0, 8)], out, 0),  # no such mode
+    ]
+    for i, args in enumerate(bad):
+        with pytest.raises(ValueError):
+            kernels.fused(*args)
+            pytest.fail(f"bad call {i} accepted")
+    with pytest.raises(TypeError):
+        kernels.fused(codes, 8, 4, 16, 2, bt, [ok], out.view(np.float32)[:, ::2], 0)  # not contiguous
+
+
+_SANITIZED = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("qformat.kernels._native", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+sys.modules["qformat.kernels._native"] = mod
+from qformat import kernels
+assert kernels.info()["path"] == "native", kernels.info()
+import numpy as np
+from pathlib import Path
+import qformat, tempfile
+from qformat.errors import QFormatError
+from tests.test_kernels import CASES
+from tests.test_spec_differential import mutants
+from qformat.decode import decode
+from qformat.descriptor import parse_descriptor
+from qformat.sources import ArraySource
+levels = [lv for lv in kernels.LEVELS if kernels.LEVELS.index(lv) <= kernels.LEVELS.index(kernels.info()["cpu_level"])]
+for lv in levels:
+    with kernels.use(lv):
+        for name, d, comps in CASES:
+            for dt in ("float32", "float16", "bfloat16"):
+                decode(parse_descriptor("w", dict(d, dtype=dt)), ArraySource(comps), threads=2)
+decoded = refused = 0
+with tempfile.TemporaryDirectory() as tmp:
+    p = Path(tmp) / "m.safetensors"
+    for label, data in mutants(int(sys.argv[2]), 7):
+        p.write_bytes(data)
+        try:
+            with np.errstate(all="ignore"):
+                qformat.load_file(p)
+            decoded += 1
+        except QFormatError:
+            refused += 1
+for f in sorted((Path(sys.argv[3])).glob("**/*.safetensors")):
+    try:
+        with np.errstate(all="ignore"):
+            qformat.load_file(f)
+        decoded += 1
+    except QFormatError:
+        refused += 1
+print("decoded", decoded, "refused", refused)
+"""
+
+
+@native
+def test_sanitized_kernel_on_mutants(tmp_path):
+    """The C file built with -fsanitize=address,undefined decodes the kernel cases, the
+    conformance corpus and corpus mutants (the differential fuzzer's) with no invalid read or
+    write and no undefined behaviour (any report aborts the process)."""
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    ubsan = subprocess.run([cc, "-print-file-name=libubsan.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(asan) or not os.path.exists(asan):
+        pytest.skip("the compiler has no AddressSanitizer runtime")
+    so = tmp_path / ("_native" + sysconfig.get_config_var("EXT_SUFFIX"))
+    build = subprocess.run([cc, "-O1", "-g", "-std=c11", "-ffp-contract=off", "-fno-omit-frame-pointer",
+                            "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-shared", "-fPIC",
+                            "-I" + sysconfig.get_paths()["include"], str(ROOT / "qformat/kernels/_native.c"), "-o", str(so)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    corpus = ROOT / "conformance" / "v1"
+    env = dict(os.environ, LD_PRELOAD=" ".join(p for p in (asan, ubsan) if os.path.isabs(p)),
+               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+               QFORMAT_KERNELS="auto", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", _SANITIZED, str(so), os.environ.get("QFORMAT_SANITIZE_MUTANTS", "150"), str(corpus)],
+                       env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0 and "Sanitizer" not in r.stderr, r.stderr[-4000:]
+    assert r.stdout.startswith("decoded"), r.stdout
+
+
+@native
+def test_bench_kernels_section_rows():
+    """bench/kernels.py (the decode-per-scheme rows against np.copyto) on tiny data: a row per
+    path and thread count, each checked bit for bit against the NumPy path before timing."""
+    from bench.common import Run
+    from bench.kernels import bench_kernels
+
+    run = Run(1, True)
+    bench_kernels(run, 32, 256)
+    names = {(r["section"], r["name"]) for r in run.rows}
+    level = kernels.info()["level"]
+    for sec in ("kernels int4 g32 -> float32", "kernels nf4 b64 -> bfloat16"):
+        assert (sec, f"native ({level}), 2 threads") in names and (sec, "numpy decoder, 1 thread") in names
+    assert all(r["x_memcpy"] > 0 for r in run.rows)
+
+
+@native
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_torch_reader_on_cpu_uses_the_native_kernel(dtype, monkeypatch):
+    """The torch reader hands a CPU decode to the native kernel (into the torch output's
+    memory) and gets the bits of its own torch steps."""
+    torch = pytest.importorskip("torch")
+    from qformat_torch import decode as tdec
+    from qformat_torch.sources import TensorSource
+
+    name, d, comps = CASES[2]  # int4, partial groups, divide, per-row-pair bias
+    desc = parse_descriptor("w", dict(d, dtype=dtype))
+    src = TensorSource({k: torch.from_numpy(np.ascontiguousarray(v).view(np.uint8) if v.dtype.kind == "V" else v) for k, v in comps.items()})
+    with kernels.use("numpy"):
+        want = tdec.decode(desc, src)
+    calls = []
+    real = tdec.np_decode
+    monkeypatch.setattr(tdec, "np_decode", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    got = tdec.decode(desc, src)
+    assert calls and got.dtype == want.dtype
+    bits = torch.int16 if got.element_size() == 2 else torch.int32
+    assert torch.equal(got.view(bits), want.view(bits))
+
+
+@native
+def test_corpus_decodes_alike_on_both_paths():
+    """Every file of the conformance corpus gives the same tensors (bits, NaN by class) or the
+    same error code on the NumPy path and on the native kernel."""
+    import qformat
+    from qformat.errors import QFormatError
+
+    def load(path):
+        try:
+            with np.errstate(all="ignore"):
+                return qformat.load_file(path)
+        except QFormatError as e:
+            return e.code
+
+    files = sorted((ROOT / "conformance" / "v1").glob("**/*.safetensors"))
+    assert len(files) > 100
+    native_decoded = 0
+    for f in files:
+        with kernels.use("numpy"):
+            want = load(f)
+        got = load(f)
+        if isinstance(want, str):
+            assert got == want, f
+            continue
+        assert isinstance(got, dict) and sorted(got) == sorted(want), f
+        for k in want:
+            assert _same(np.asarray(got[k]), np.asarray(want[k])), (f, k)
+        native_decoded += 1
+    assert native_decoded > 50

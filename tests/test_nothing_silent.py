@@ -1,0 +1,210 @@
+"""Issue 24 (nothing silent), items 4 and 6: what used to pass without a word now says so."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import qformat
+from qformat.cli import main
+from qformat.errors import QFormatError
+
+
+def _model(tmp: Path, cols: int = 384) -> Path:
+    src = tmp / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    qformat.save_file({f"model.layers.{i}.mlp.down_proj.weight": rng.standard_normal((64, cols)).astype(np.float16)
+                       for i in range(2)}, src / "model.safetensors")
+    (src / "config.json").write_text(json.dumps({"model_type": "test", "architectures": ["TestModel"]}))
+    return src
+
+
+# -- item 4: partial groups ----------------------------------------------------------------
+def test_partial_groups_warn_and_name_the_refusing_targets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from qformat.export import export
+
+    src = _model(tmp_path)
+    assert main(["quantize", str(src), str(tmp_path / "out"), "--scheme", "int", "--group-size", "100", "--json"]) == 0
+    cap = capsys.readouterr()
+    (w,) = json.loads(cap.out)["warnings"]
+    assert w["code"] == "QUANTIZE_PARTIAL_GROUPS" and len(w["tensors"]) == 2
+    assert "384 values along axis 1 in groups of 100: the last group holds 84" in w["message"]
+    assert w["targets"] == ["compressed-tensors"]
+    assert "warning: [QUANTIZE_PARTIAL_GROUPS]" in cap.err and "--to compressed-tensors" in cap.err
+    assert qformat.check(tmp_path / "out").ok  # valid qformat all the same
+    with pytest.raises(QFormatError) as e:  # and the target named does refuse it
+        export(tmp_path / "out", tmp_path / "ct", to="compressed-tensors")
+    assert e.value.code == "EXPORT_UNMAPPABLE"
+
+
+@pytest.mark.parametrize("argv", [["--scheme", "int", "--group-size", "100"], ["--scheme", "mxfp4", "--block-size", "100"],
+                                  ["--scheme", "fp8_e4m3", "--granularity", "block", "--block-size", "100x100"],
+                                  ["--scheme", "nf4", "--block-size", "100"]])
+def test_strict_refuses_partial_groups_and_writes_nothing(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _model(tmp_path)
+    assert main(["quantize", str(src), str(tmp_path / "out"), *argv, "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert "[QUANTIZE_PARTIAL_GROUPS]" in err and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_whole_groups_say_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _model(tmp_path)
+    s = qformat.quantize_checkpoint(src, tmp_path / "out", scheme="int", group_size=128, strict=True)
+    assert s.warnings == [] and "warning" not in capsys.readouterr().err
+
+
+# -- item 6: check says what a file is ---------------------------------------------------------
+@pytest.mark.parametrize("data, what", [(b"GGUF\x03\x00\x00\x00" + bytes(64), "GGUF file"), (b"# A README\n\ntext\n", "text file"),
+                                        (b"PK\x03\x04\x14\x00\x00\x00" + bytes(40), "ZIP archive")])
+def test_check_says_a_file_is_not_safetensors(data: bytes, what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(data)
+    assert main(["check", str(p)]) == 2
+    out = capsys.readouterr().out
+    assert "NOT_SAFETENSORS" in out and what in out and "HEADER_TOO_LARGE" not in out
+    if what != "GGUF file":  # the commands that read checkpoints say the same (a GGUF file they read)
+        with pytest.raises(QFormatError) as e:
+            qformat.dequantize_checkpoint(p, tmp_path / "out.safetensors")
+        assert e.value.code == "NOT_SAFETENSORS"
+
+
+# -- item 6: one destination rule ------------------------------------------------------------
+def _single(tmp: Path) -> Path:
+    p = tmp / "single.safetensors"
+    qformat.save_file({"model.layers.0.mlp.down_proj.weight": np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)}, p)
+    return p
+
+
+@pytest.mark.parametrize("command", ["quantize", "dequantize", "convert", "export"])
+def test_one_destination_rule(command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _single(tmp_path)
+    folder = _model(tmp_path)
+    if command != "quantize":  # the others read a qformat checkpoint
+        q = qformat.quantize_checkpoint(src, tmp_path / "q.safetensors", scheme="int", bits=4, group_size=32, scale_dtype="float16")
+        src = Path(q.files[0])
+        qformat.quantize_checkpoint(folder, tmp_path / "qf", scheme="int", bits=4, group_size=32, scale_dtype="float16")
+        folder = tmp_path / "qf"
+    extra = {"quantize": ["--scheme", "int", "--group-size", "32"], "export": ["--to", "compressed-tensors"]}.get(command, [])
+
+    def run(s: Path, dst: str) -> int:
+        return main([command, str(s), dst, "--quiet", *extra])
+
+    (tmp_path / "into").mkdir()
+    assert run(src, str(tmp_path / "into")) == 0  # an existing folder: the file goes in it
+    assert os.listdir(tmp_path / "into") == [src.name]
+    (tmp_path / "into2").mkdir()
+    assert run(src, str(tmp_path / "into2") + "/") == 0  # a trailing slash
+    assert os.listdir(tmp_path / "into2") == [src.name]
+    assert run(src, str(tmp_path / "one.safetensors")) == 0 and (tmp_path / "one.safetensors").is_file()
+    capsys.readouterr()
+    assert run(src, str(tmp_path / "neither")) == 2  # ambiguous: refused, nothing written
+    assert "CONVERT_DESTINATION_INVALID" in capsys.readouterr().err and not (tmp_path / "neither").exists()
+    assert run(folder, str(tmp_path / "wrong.safetensors")) == 2  # a folder's output is no file
+    assert "names a file" in capsys.readouterr().err and not (tmp_path / "wrong.safetensors").exists()
+    assert run(folder, str(tmp_path / "out")) == 0 and (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_export_gguf_into_a_folder(tmp_path: Path) -> None:
+    src = _single(tmp_path)
+    q = tmp_path / "q.safetensors"
+    qformat.quantize_checkpoint(src, q, scheme="int", bits=4, group_size=32, scale_dtype="float16")
+    (tmp_path / "g").mkdir()
+    assert main(["export", str(q), str(tmp_path / "g") + "/", "--to", "gguf", "--quiet"]) == 0
+    assert os.listdir(tmp_path / "g") == ["q.gguf"]
+
+
+# -- item 6: the README's JavaScript snippets run as written -----------------------------------
+def _js_blocks() -> list[str]:
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### A JavaScript reader", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```js\n(.*?)```", section, re.S)
+
+
+@pytest.mark.skipif(__import__("shutil").which("node") is None, reason="node (Node.js 18 or later) is not installed")
+def test_readme_javascript_runs_in_node_and_in_a_browser_page(tmp_path: Path) -> None:
+    import subprocess
+
+    js = Path(__file__).resolve().parent.parent / "readers" / "js"
+    node_block, browser_block = _js_blocks()
+    w = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    qformat.save_file({"model.layers.0.mlp.down_proj.weight": qformat.quantize(w, "int", bits=4, group_size=32)},
+                      tmp_path / "model.safetensors")
+    (tmp_path / "node_modules").mkdir()
+    (tmp_path / "node_modules" / "qformat-reader").symlink_to(js)  # what `npm install readers/js` makes
+    (tmp_path / "read.mjs").write_text(node_block)
+    p = subprocess.run(["node", "read.mjs"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+    # The browser snippet: a page at http://localhost/ with the reader copied beside it (fetch stubbed to the folder).
+    (tmp_path / "qformat-reader").symlink_to(js)
+    page = ('import { readFile } from "node:fs/promises";\n'
+            'globalThis.document = { baseURI: "http://localhost/index.html" };\n'
+            'globalThis.fetch = async (u) => { const p = new URL(u).pathname.slice(1);\n'
+            '  const b = await readFile(p); return { arrayBuffer: async () => b.buffer.slice(b.byteOffset, b.byteOffset + b.length) }; };\n'
+            'await import("./snippet.mjs");\n')
+    (tmp_path / "snippet.mjs").write_text(browser_block)
+    (tmp_path / "page.mjs").write_text(page)
+    p = subprocess.run(["node", "page.mjs"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+# -- item 6: a closed pipe ends the CLI quietly ------------------------------------------------
+class _ClosedPipe:
+    """A stdout whose reader went away (``| head -0``)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        import io
+
+        raise io.UnsupportedOperation("no file descriptor")
+
+
+@pytest.mark.parametrize("command, status", [("export", 0), ("inspect", 141)])
+def test_a_closed_pipe_ends_quietly_with_the_file_written(command: str, status: int, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _single(tmp_path)
+    q = tmp_path / "q.safetensors"
+    qformat.quantize_checkpoint(src, q, scheme="int", bits=4, group_size=32, scale_dtype="float16")
+    argv = ["export", str(q), str(tmp_path / "o.gguf"), "--to", "gguf", "--quiet"] if command == "export" else ["inspect", str(q)]
+    monkeypatch.setattr("sys.stdout", _ClosedPipe())
+    assert main(argv) == status
+    monkeypatch.undo()
+    assert capsys.readouterr().err == ""  # no "internal error", no traceback
+    if command == "export":
+        assert (tmp_path / "o.gguf").is_file()
+
+
+# -- item 6: importing the transformers integration is quiet -----------------------------------
+def test_importing_the_transformers_integration_prints_nothing() -> None:
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "readers")]))
+    p = subprocess.run([sys.executable, "-c", "import qformat_transformers"], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stderr
+
+
+def test_only_the_known_noise_is_dropped() -> None:
+    import logging
+
+    pytest.importorskip("transformers")
+    from qformat_transformers import _quiet
+
+    f = _quiet.KnownNoise(_quiet.KNOWN_NOISE["torchao"])
+    rec = lambda msg: logging.LogRecord("torchao", logging.WARNING, __file__, 1, msg, None, None)  # noqa: E731
+    assert not f.filter(rec("Failed to load /x/_C_mxfp8.so: Could not load this library"))
+    assert f.filter(rec("something else torchao says"))
