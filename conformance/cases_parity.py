@@ -22,6 +22,10 @@ from .build import Built, case, failing, header_entries, q_file, qformat_json, r
 from .cases_errors import M, base, header_parts, htext, setf
 
 P = ["container", "parity"]
+#: a plain F4 tensor whose last axis is odd: torch holds F4 values only in pairs along the last axis
+#: (float4_e2m1fn_x2), so a torch reader refuses it as safetensors' own torch binding does; such a
+#: reader runs the corpus with --skip-feature plain:f4-odd
+F4_ODD = "plain:f4-odd"
 MAX_RANK = 64  # SPEC.md §15, transcribed
 
 
@@ -92,7 +96,7 @@ def _(rng):
 
 
 @case("parity-plain-f4-odd-axis", "a plain F4 tensor [2, 3] (6 values in 3 bytes, a row ends mid-byte): read 6 e2m1fn values in "
-      "row-major order across the byte boundary", ["2.5", "2.6"], P)
+      "row-major order across the byte boundary", ["2.5", "2.6"], P + [F4_ODD])
 def _(rng):
     raw = bytes(rng.integers(0, 256, size=3).astype(np.uint8))
     return _with_plain(rng, "f4", ("F4", [2, 3], raw), R.plain_f4(raw, [2, 3]))
@@ -128,7 +132,8 @@ def _empty_file(dtype: str, shape: list[int]) -> bytes:
 for _cid, _dt, _shape, _itemsize in (("u8-huge-first", "U8", [2**63 - 1, 0], 1), ("u8-three-axes", "U8", [2**40, 0, 2**20], 1),
                                      ("f32-under-limit", "F32", [0, 2**30, 2**30], 4), ("f4", "F4", [2**61, 0, 3], 1)):
     @case(f"parity-empty-{_cid}", f"a plain {_dt} tensor of shape {_shape} (no element; {_itemsize}-byte elements times the "
-          "non-zero entries stay below 2^63): read an empty array of that shape", ["2.2", "2.6"], P + ["shape:zero-size"])
+          "non-zero entries stay below 2^63): read an empty array of that shape", ["2.2", "2.6"],
+          P + ["shape:zero-size"] + ([F4_ODD] if _dt == "F4" and _shape[-1] % 2 else []))
     def _(rng, dt=_dt, shape=_shape, itemsize=_itemsize):
         assert R.empty_representable(shape, itemsize)
         npdt = {"U8": np.uint8, "F32": np.float32, "F4": ml_dtypes.float4_e2m1fn}[dt]

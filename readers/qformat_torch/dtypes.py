@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import torch
 
@@ -92,9 +93,21 @@ def _f4_to_torch(a: np.ndarray, device: Any) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(packed)).view(x2).to(device)
 
 
+def _f4_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """The inverse of ``_f4_to_torch``: one ml_dtypes float4_e2m1fn per value, the last axis doubled
+    (value 2k in the low nibble of byte k, SPEC.md §2.6)."""
+    packed = t.view(torch.uint8).numpy()
+    codes = np.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), np.uint8)
+    codes[..., 0::2] = packed & 0x0F
+    codes[..., 1::2] = packed >> 4
+    return codes.view(ml_dtypes.float4_e2m1fn)
+
+
 def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
     """A NumPy copy of ``t`` in the matching NumPy / ml_dtypes dtype (bfloat16, float8 included)."""
     t = t.detach().to("cpu").contiguous()
+    if t.dtype is getattr(torch, "float4_e2m1fn_x2", None):
+        return _f4_to_numpy(t)
     if t.dtype in _NUMPY_NATIVE:
         return t.numpy().copy()
     name = storage_name(t.dtype)
