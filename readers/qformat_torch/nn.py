@@ -128,6 +128,7 @@ class QLinear(nn.Module):
             # path read them from the file again, byte for byte.
             for bname, _ in self._components.values():
                 kernels.release_file_pages(getattr(self, bname))
+            kernels.trim_heap()  # the repack's transients leave holes around the copy (see trim_heap)
 
     def _apply(self, fn: Any, recurse: bool = True) -> "QLinear":  # .to(), .cuda(), .half(), ...
         out = super()._apply(fn, recurse)
@@ -196,6 +197,11 @@ class QLinear(nn.Module):
         if self.cache:
             self._decoded[x.dtype] = w
         return w
+
+    @property
+    def kernel_tensors(self) -> dict[str, torch.Tensor]:
+        """The native kernel's tensors (its repacked weight, scales, ...), empty on the decode path."""
+        return dict(self._native.tensors) if self._native is not None else {}
 
     @property
     def packed_nbytes(self) -> int:
