@@ -299,24 +299,26 @@ for lv in levels:
         for name, d, comps in CASES:
             for dt in ("float32", "float16", "bfloat16"):
                 decode(parse_descriptor("w", dict(d, dtype=dt)), ArraySource(comps), threads=2)
-decoded = refused = 0
+counts = {"decoded": 0, "refused": 0}
+
+
+def read(path):
+    try:
+        with np.errstate(all="ignore"):
+            qformat.load_file(path)
+        counts["decoded"] += 1
+    except QFormatError:
+        counts["refused"] += 1
+
+
 with tempfile.TemporaryDirectory() as tmp:
     p = Path(tmp) / "m.safetensors"
     for label, data in mutants(int(sys.argv[2]), 7):
         p.write_bytes(data)
-        try:
-            with np.errstate(all="ignore"):
-                qformat.load_file(p)
-            decoded += 1
-        except QFormatError:
-            refused += 1
+        read(p)
 for f in sorted((Path(sys.argv[3])).glob("**/*.safetensors")):
-    try:
-        with np.errstate(all="ignore"):
-            qformat.load_file(f)
-        decoded += 1
-    except QFormatError:
-        refused += 1
+    read(f)
+decoded, refused = counts["decoded"], counts["refused"]
 print("decoded", decoded, "refused", refused)
 """
 

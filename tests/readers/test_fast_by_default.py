@@ -30,6 +30,7 @@ import qformat.transformers as qtf  # noqa: E402
 from qformat.io import SafeOpen  # noqa: E402
 from qformat_torch import kernels  # noqa: E402
 from qformat_torch.nn import QLinear  # noqa: E402
+from tests.readers.test_transformers import tiny_config  # noqa: E402
 
 CASES = {"int4 g32": ({"bits": 4, "group_size": 32}, "int4_grouped"),
          "int8 per channel": ({"bits": 8, "group_size": None}, "int8_per_channel")}
@@ -37,9 +38,7 @@ CASES = {"int4 g32": ({"bits": 4, "group_size": 32}, "int4_grouped"),
 
 def _config() -> LlamaConfig:
     # hidden 64, intermediate 128: every decoder Linear fits both kernels (N % 16, K % 32)
-    return LlamaConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=128, vocab_size=256,
-                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                       tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return tiny_config()
 
 
 @pytest.fixture(scope="module")
