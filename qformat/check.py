@@ -338,16 +338,20 @@ class Admission:
     reports (same code, tensor and field); :meth:`tensor` runs :func:`payload_problems` for
     the logical tensors a stored tensor belongs to, once each, when a command first reads it,
     so payload rules cost no extra pass over the file.  ``paths`` are the checkpoint's
-    safetensors files; ``index`` its ``*.safetensors.index.json`` (or None)."""
+    safetensors files; ``index`` its ``*.safetensors.index.json`` (or None); ``digests``: verify
+    recorded digests too (SPEC.md §3.8; the commands do, model loaders only when asked)."""
 
-    def __init__(self, paths: list[str], index: str | None = None):
+    def __init__(self, paths: list[str], index: str | None = None, digests: bool = True):
         self.paths, self.index = paths, index
+        self.verify = digests  # False: recorded digests are not verified (a loader without verify=)
         self.owners: dict[str, list[str]] = {}  # stored name -> logical names reading it
         self.descs: dict[str, Descriptor | None] = {}
         self.done: set[str] = set()
         self.refused: QFormatError | None = None  # the payload problem that refused the checkpoint
         #: logical (or plain) name -> (file, header, model) of a 1.2 file that records digests (SPEC.md §3.8)
         self.digested: dict[str, tuple[str, Any, Any]] = {}
+        self.where: dict[str, str] = {}  # logical (or plain) name -> the file holding it
+        self._sources: dict[str, FileSource] = {}
 
     def headers(self) -> None:
         if self.index is not None:
@@ -360,15 +364,18 @@ class Admission:
             raise error(p.code, p.message, tensor=p.tensor, field=p.field)
         for path in self.paths:
             header = read_header(path)
-            model = interpret(header, FileSource(path, header))
+            self._sources[path] = src = FileSource(path, header)
+            model = interpret(header, src)
             for name, desc in model.descriptors.items():
                 self.descs[name] = desc
+                self.where[name] = path
                 for _, ref in desc.references():
                     self.owners.setdefault(ref, []).append(name)
             for name in model.plain:
                 self.descs.setdefault(name, None)
+                self.where.setdefault(name, path)
                 self.owners.setdefault(name, []).append(name)
-            if model.digests is not None:
+            if model.digests is not None and self.verify:
                 for name in [*model.descriptors, *model.plain]:
                     self.digested[name] = (path, header, model)
 
@@ -399,6 +406,14 @@ class Admission:
             if probs:
                 self.refused = probs[0]
                 raise probs[0]
+
+    def check_logical(self, name: str) -> None:
+        """:meth:`logical` for ``name``, read from the file that holds it (memory-mapped): for a
+        loader that reads the file through another library (torch, transformers) but refuses
+        what ``qformat check`` refuses, as the commands do."""
+        path = self.where.get(name)
+        if path is not None:
+            self.logical(name, self._sources[path])
 
     def tensor(self, stored: str, src: Any) -> None:
         """Refuse with the first payload problem of the logical tensors ``stored`` belongs to."""

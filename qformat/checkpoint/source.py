@@ -39,6 +39,26 @@ def unchecked() -> Iterator[None]:
         _CHECKED.reset(token)
 
 
+def checking() -> bool:
+    """Whether checkpoints opened now get ``qformat check``'s rules (False inside :func:`unchecked`)."""
+    return _CHECKED.get()
+
+
+def admit_files(paths: Iterable[str], index: str | None = None, digests: bool = False) -> Any:
+    """``qformat check``'s rules for the safetensors files a model loader reads (the one rule,
+    issue 24): header rules now (raising check's first problem, with its code), payload rules per
+    logical tensor through the returned ``Admission``'s ``check_logical``, recorded digests
+    verified only with ``digests`` (they cost a read of every byte; SPEC.md §12.5 leaves
+    verifying to the user's request); None inside :func:`unchecked`."""
+    if not _CHECKED.get():
+        return None
+    from ..check import Admission
+
+    adm = Admission([os.fspath(p) for p in paths], index, digests=digests)
+    adm.headers()
+    return adm
+
+
 #: Side files (config.json, quanto_qmap.json, index files) larger than this are refused.
 MAX_SIDE_JSON_BYTES = 64 << 20
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import qformat
+from qformat.checkpoint.source import admit_files
 from qformat.errors import raise_first
 
 from .dtypes import LOGICAL_TORCH, STORAGE_TORCH, int_view_dtype, storage_name, torch_to_numpy
@@ -291,13 +292,21 @@ def load_model(model: nn.Module, path: str | os.PathLike[str], *, device: Any = 
     entries the file does not fill (a parameter tied to one the file fills counts as filled).
     The error names the first few on each side; the model is left as it was.  Returns the model
     (a bare Linear comes back as a QLinear).
+
+    What ``qformat check`` refuses (a non-finite scale, a recorded digest that differs, ...) is
+    refused with check's code before the model is touched; inside
+    ``qformat.checkpoint.source.unchecked()`` the file is read as it is.
     """
+    adm = admit_files([os.fspath(path)])  # check's header rules: refused before anything is read
     plan = _plan_load(model, path, device)
     found = Mismatch(plan.unused, plan.missing, plan.shapes) if strict else Mismatch(shapes=plan.shapes)
     if found:
         names = found.unused or found.missing
         hint = "load_model(..., strict=False) loads what matches and skips the rest (shapes must still match)" if names else ""
         raise found.error(type(model).__name__, hint)
+    if adm is not None:  # check's payload rules for what the model reads (qformat.checkpoint.source.unchecked() skips)
+        for key in [k for k, _ in plan.qlinear.values()] + plan.plain:
+            adm.check_logical(key)
     with safe_open(path) as f:  # every read (and decode) before the first change to the model
         plain = {key: f.get_tensor(key) for key in plan.plain}
         packed = {}

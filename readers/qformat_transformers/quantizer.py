@@ -51,6 +51,7 @@ from transformers.core_model_loading import ConversionOps
 from transformers.quantizers import HfQuantizer
 
 import qformat
+from qformat.checkpoint.source import admit_files
 from qformat.errors import QFormatError, error, raise_first
 from qformat.qtensor import rename_references
 
@@ -262,6 +263,8 @@ class QFormatHfQuantizer(HfQuantizer):
         self.logical_of: dict[str, str] = {}  # component -> its logical tensor
         #: What loading will leave missing, unexpected or misshapen (see :func:`qformat_transformers.strict.predict`).
         self.key_report: KeyReport | None = None
+        #: ``qformat check``'s rules for the checkpoint's files (None: quantizing on load, or unchecked())
+        self.admission: Any = None
 
     # -- transformers' hooks -------------------------------------------------------------------
     def validate_environment(self, *args: Any, **kwargs: Any) -> None:
@@ -414,6 +417,9 @@ class QFormatHfQuantizer(HfQuantizer):
 
         if files:
             self.stored = {}
+            # the one rule (issue 24): what `qformat check` refuses is refused here with its code;
+            # header rules now, payload rules in _finish_load (qformat.checkpoint.source.unchecked() skips)
+            self.admission = admit_files(files)
         entries = model.state_dict()  # before any placeholder: the names the checkpoint maps to
         for path in files:
             f = SafeOpen(path)
@@ -464,6 +470,10 @@ class QFormatHfQuantizer(HfQuantizer):
         from qformat_torch.nn import QLinear
         from qformat_torch.qtensor import TorchQTensor
 
+        if self.admission is not None:
+            for name in [p.name for p in self.planned.values()] + [q.name for q in self.decoded]:
+                self.admission.check_logical(name)
+            self.admission = None  # its memory maps go with it (the model keeps this quantizer)
         for mpath, plan in self.planned.items():
             holder = _get_module(model, mpath)
             if not isinstance(holder, PendingQLinear):
