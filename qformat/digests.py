@@ -14,6 +14,7 @@ instructions (x86 since about 2017, ARMv8) it is the fastest of hashlib's guaran
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -84,6 +85,19 @@ def hash_range(path: str, offset: int, nbytes: int, algorithm: str = DEFAULT_ALG
     finally:
         os.close(fd)
     return str(h.hexdigest())
+
+
+def with_digests(qformat_json: str, found: Mapping[str, str], algorithm: str = DEFAULT_ALGORITHM) -> str:
+    """A qformat object (JSON text) that records the digests ``found`` (stored name -> hex
+    digest, each computed from the bytes written) and declares at least version 1.2; the object
+    unchanged when ``found`` is empty.  For writers that hand the bytes to another library
+    (save_pretrained through transformers) and know them before it writes them."""
+    if not found:
+        return qformat_json
+    obj = json.loads(qformat_json)
+    obj["version"] = written_version(obj["version"])
+    obj["digests"] = {"algorithm": algorithm, "tensors": dict(sorted(found.items()))}
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
 
 
 def placeholders(names: Iterable[str]) -> dict[str, str]:

@@ -117,3 +117,15 @@ def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
     if t.numel() == 0:
         return np.zeros(tuple(t.shape), npdt)
     return t.view(_INT_TORCH[t.element_size()]).numpy().view(npdt).copy()
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """SHA-256 (lower-case hex) of ``t``'s bytes as safetensors stores them (row-major,
+    little-endian): the digest SPEC.md §3.8 records for a stored tensor."""
+    from qformat.digests import hasher
+
+    h = hasher()
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    if flat.numel():
+        h.update(memoryview(flat.view(torch.uint8).numpy()))
+    return str(h.hexdigest())

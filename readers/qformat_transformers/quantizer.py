@@ -383,6 +383,8 @@ class QFormatHfQuantizer(HfQuantizer):
 
     def get_state_dict_and_metadata(self, model: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         from qformat.checkpoint.output import file_metadata
+        from qformat.digests import with_digests
+        from qformat_torch.dtypes import tensor_sha256
         from qformat_torch.nn import QLinear
 
         sd = model.state_dict()
@@ -408,6 +410,13 @@ class QFormatHfQuantizer(HfQuantizer):
             raise error("SAVE_INVALID", f"component {clash[0]!r} would collide with a tensor of the model", tensor=clash[0])
         sd.update(comps)
         meta = file_metadata(None, descs) or {}
+        # SPEC.md §3.8: a digest of each component, from the bytes handed to transformers' writer
+        # (plain tensors are not listed: transformers drops tied ones after this hook)
+        self.saved_digests = {name: tensor_sha256(t) for name, t in comps.items()}
+        if "qformat" in meta:
+            meta["qformat"] = with_digests(meta["qformat"], self.saved_digests)
+            if isinstance(self.quantization_config, QFormatConfig):  # config.json is written after this hook
+                self.quantization_config.spec_version = json.loads(meta["qformat"])["version"]
         self.saved_descriptors = descs
         return sd, meta
 

@@ -75,7 +75,7 @@ def save_pretrained(self: Any, save_directory: Any, *args: Any, **kwargs: Any) -
         index = os.path.join(os.fspath(save_directory), _add_variant(SAFE_WEIGHTS_INDEX_NAME, opts.get("variant")))
         descs = getattr(quantizer, "saved_descriptors", None) or {}
         if os.path.isfile(index) and descs:
-            reshard(index, descs)
+            reshard(index, descs, getattr(quantizer, "saved_digests", None))
     return out
 
 
@@ -121,15 +121,18 @@ def copy_missing(side: list[Any], save_directory: Any) -> list[str]:
     return copied
 
 
-def reshard(index_path: str, descriptors: dict[str, Any]) -> None:
+def reshard(index_path: str, descriptors: dict[str, Any], digests: dict[str, str] | None = None) -> None:
     """Rewrite the shards of a sharded save so that each is a complete qformat file (see
     :func:`save_pretrained`).  Every new shard is written to a temporary file first and all
-    replace the old ones at the end, so a failure leaves the old shards (and raises)."""
+    replace the old ones at the end, so a failure leaves the old shards (and raises).
+    ``digests`` (stored name -> SHA-256 of the bytes the save wrote): each shard records those of
+    the tensors it holds (the bytes move unchanged)."""
     from safetensors import safe_open as st_open
     from safetensors.torch import save_file as st_save
 
     from qformat.checkpoint.output import file_metadata
     from qformat.descriptor import parse_descriptor
+    from qformat.digests import with_digests
 
     folder = os.path.dirname(index_path)
     with open(index_path, encoding="utf-8") as f:
@@ -159,6 +162,8 @@ def reshard(index_path: str, descriptors: dict[str, Any]) -> None:
                             tensors[n] = f.get_tensor(n)
             meta = {k: v for k, v in base.items() if k != "qformat"}
             meta = file_metadata(meta, {lg: d for lg, d in descriptors.items() if owner[lg] == shard}) or {}
+            if "qformat" in meta and digests:
+                meta["qformat"] = with_digests(meta["qformat"], {n: digests[n] for n in names if n in digests})
             tmp = os.path.join(folder, f".{shard}.qformat-tmp")
             st_save(tensors, tmp, metadata=meta)
             del tensors

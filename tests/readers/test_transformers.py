@@ -114,6 +114,21 @@ def stored(path: Path) -> tuple[dict, dict[str, tuple[str, tuple[int, ...], byte
     return raw, tensors
 
 
+def digests_of(path: Path) -> dict[str, str]:
+    """The ``digests.tensors`` a file's qformat object records ({} without digests)."""
+    f = SafeOpen(path)
+    try:
+        return dict((f.model.digests or {}).get("tensors", {}))
+    finally:
+        f.close()
+
+
+def components_of(desc: dict) -> set[str]:
+    from qformat.descriptor import parse_descriptor
+
+    return {c for _, c in parse_descriptor("t", desc).references()}
+
+
 # -- 1. load: QLinear modules, logits and greedy generation equal the decoded reference ---------
 @pytest.mark.parametrize("sid", [s[0] for s in SCHEMES])
 def test_from_pretrained_matches_decoded_reference(sid, fp_dir, quantized):
@@ -155,9 +170,13 @@ def test_save_pretrained_round_trip(sid, fp_dir, quantized, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(qdir)
     out = tmp_path / "saved"
     model.save_pretrained(out)
-    assert qformat.check(out).ok, qformat.check(out).to_dict()
+    assert qformat.check(out, digests=True).ok, qformat.check(out, digests=True).to_dict()
     # The same descriptors and component bytes (and plain tensors) as qformat quantize wrote.
     assert stored(out / "model.safetensors") == stored(qdir / "model.safetensors")
+    # a digest of every component (SPEC.md §3.8), equal to the one qformat quantize recorded
+    saved, source = digests_of(out / "model.safetensors"), digests_of(qdir / "model.safetensors")
+    comps = {c for d in stored(out / "model.safetensors")[0].values() for c in components_of(d)}
+    assert set(saved) == comps and all(saved[c] == source[c] for c in comps)
     cfg = json.loads((out / "config.json").read_text())["quantization_config"]
     assert cfg == json.loads((qdir / "config.json").read_text())["quantization_config"]
     again = AutoModelForCausalLM.from_pretrained(out)
@@ -187,8 +206,10 @@ def test_save_pretrained_sharded(quantized, tmp_path):
     # Every shard is a complete qformat file on its own; the union is the single-file save.
     raw, tensors = {}, {}
     for shard in shards:
-        assert qformat.check(shard).ok, shard.name
+        assert qformat.check(shard, digests=True).ok, shard.name
         r, t = stored(shard)
+        # each shard records the digests of exactly the components it holds
+        assert set(digests_of(shard)) == {c for d in r.values() for c in components_of(d)}, shard.name
         assert all(index[n] == shard.name for n in list(r) + list(t))
         raw.update(r)
         tensors.update(t)
