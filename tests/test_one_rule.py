@@ -36,6 +36,17 @@ def _cases() -> list[Any]:
     return out
 
 
+def _readable_refused() -> list[Any]:
+    """The corpus's valid cases that a checker still reports (readers decode them, SPEC.md
+    §12.5: padding bits, an empty tensor's out-of-range group index, non-finite scales, ...)."""
+    man = json.loads((CORPUS / "manifest.json").read_text())
+    # DIGEST_UNSUPPORTED alone is no refusal for a command: nothing says the bytes are wrong
+    # (check.Admission; the README's "Digests")
+    return [pytest.param(c, id=c["id"]) for c in man["cases"]
+            if c["expect"] == "valid" and set(c.get("check") or []) - {"DIGEST_UNSUPPORTED"}
+            and c["input"].endswith(".safetensors")]
+
+
 def _payload_only(src: str) -> bool:
     """Whether check refuses ``src`` only for payload rules (found when a tensor is read)."""
     return check(src, payload=False).ok
@@ -98,6 +109,26 @@ def test_every_command_refuses_what_check_refuses(case: dict, command: str, tmp_
         fn(src, dst)
     assert e.value.code == report.problems[0].code, (e.value, report.problems[0])
     assert os.listdir(out) == []  # nothing written, no temporary left
+
+
+@pytest.mark.parametrize("command", sorted(c for c, (_, payload) in COMMANDS.items() if payload))
+@pytest.mark.parametrize("case", _readable_refused())
+def test_every_command_refuses_what_readers_decode_and_check_reports(case: dict, command: str, tmp_path: Path) -> None:
+    """Found by tests/fuzz.py: dequantize and diff decoded an empty tensor whose group index is
+    out of range (no element reads a stored byte, so the per-read guard never ran)."""
+    src = str(CORPUS / case["input"])
+    report = check(src, digests=True)
+    assert not report.ok
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(QFormatError) as e:
+        COMMANDS[command][0](src, str(out / "x.safetensors"))
+    first = report.problems[0]
+    # check's code, unless the command refuses another tensor for its own reason first (an
+    # export that cannot map it; SPEC.md §1.4: tensors failing at different steps)
+    own = e.value.code.startswith("EXPORT_") and e.value.tensor != first.tensor
+    assert e.value.code == first.code or own, (e.value, first)
+    assert os.listdir(out) == []
 
 
 def _inf_scale(tmp_path: Path) -> tuple[Path, Path]:

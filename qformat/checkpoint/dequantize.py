@@ -78,6 +78,9 @@ def dequantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[st
         spec = TensorSpec(item.name, _STORAGE[target], tuple(desc.shape))
 
         def produce(desc: Any = desc, name: str = item.name, target: str = target) -> np.ndarray:
+            # check's payload rules first: a tensor with no element reads no stored byte, so the
+            # per-read guard would never see it (an empty tensor's out-of-range group index)
+            ck.admit(name)
             a = decode_full(desc, combined, tensor=name)
             return a if desc.dtype == target else a.astype(_dt.logical_numpy(target))
 
