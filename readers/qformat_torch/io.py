@@ -37,6 +37,11 @@ class SafeOpen:
     """
 
     def __init__(self, path: str | os.PathLike[str], device: Any = "cpu", verify: bool = False):
+        from qformat.check import not_safetensors
+
+        other = not_safetensors(os.fspath(path))  # a GGUF, text or ZIP file: what it is, as qformat.safe_open says
+        if other is not None:
+            raise other
         self.core = CoreSafeOpen(path, verify=verify)
         self.device = torch.device(device)
         self.path, self.header, self.model = self.core.path, self.core.header, self.core.model
