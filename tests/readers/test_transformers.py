@@ -267,13 +267,16 @@ def test_quantize_on_load_matches_quantize_checkpoint(how, fp_dir, tmp_path):
         assert torch.equal(model(IDS).logits, ref(IDS).logits)
     out = tmp_path / "saved"
     model.save_pretrained(out)
-    assert qformat.check(out).ok
+    assert qformat.check(out, digests=True).ok
     assert stored(out / "model.safetensors") == stored(ref_dir / "model.safetensors")
     got_cfg = json.loads((out / "config.json").read_text())["quantization_config"]
     ref_cfg = json.loads((ref_dir / "config.json").read_text())["quantization_config"]
-    # each records the version its files declare: transformers' writer adds no digests (1.0),
-    # quantize_checkpoint's does (a 1.2 feature)
-    assert (got_cfg.pop("spec_version"), ref_cfg.pop("spec_version")) == ("1.0", "1.2")
+    # each records the version its files declare: both write digests (a 1.2 feature; the save
+    # those of the components, quantize_checkpoint those of every stored tensor)
+    assert (got_cfg.pop("spec_version"), ref_cfg.pop("spec_version")) == ("1.2", "1.2")
+    from qformat.container import read_header
+
+    assert json.loads(read_header(str(out / "model.safetensors")).metadata["qformat"])["version"] == "1.2"
     assert got_cfg == ref_cfg
     again = AutoModelForCausalLM.from_pretrained(out)
     with torch.no_grad():
