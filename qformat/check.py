@@ -401,11 +401,7 @@ class Admission:
         command that refuses a tensor for another reason (an export that cannot map it) calls
         this first, so a damaged tensor is refused as damaged, with check's code."""
         if name in self.descs and name not in self.done:
-            self.done.add(name)
-            probs = self._problems(name, src)
-            if probs:
-                self.refused = probs[0]
-                raise probs[0]
+            self._admit(name, src)
 
     def check_logical(self, name: str) -> None:
         """:meth:`logical` for ``name``, read from the file that holds it (memory-mapped): for a
@@ -418,13 +414,15 @@ class Admission:
     def tensor(self, stored: str, src: Any) -> None:
         """Refuse with the first payload problem of the logical tensors ``stored`` belongs to."""
         for name in self.owners.get(stored, ()):
-            if name in self.done:
-                continue
-            self.done.add(name)
-            probs = self._problems(name, src)
-            if probs:
-                self.refused = probs[0]
-                raise probs[0]
+            if name not in self.done:
+                self._admit(name, src)
+
+    def _admit(self, name: str, src: Any) -> None:
+        self.done.add(name)
+        probs = self._problems(name, src)
+        if probs:
+            self.refused = probs[0]
+            raise probs[0]
 
 
 # -- files, folders, indexes ---------------------------------------------------------------

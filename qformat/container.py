@@ -280,12 +280,9 @@ def _with_digest_placeholders(metadata: Mapping[str, str], names: list[str]) -> 
     declares at least version 1.2 (the version that defines ``digests``, SPEC.md §3.8, §17.1)."""
     from . import digests
 
-    obj = json.loads(metadata["qformat"])
-    obj["version"] = digests.written_version(obj["version"])
     ph = digests.placeholders(names)
-    obj["digests"] = {"algorithm": digests.DEFAULT_ALGORITHM, "tensors": dict(sorted(ph.items()))}
     meta = dict(metadata)
-    meta["qformat"] = json.dumps(obj, separators=(",", ":"))
+    meta["qformat"] = digests.with_digests(metadata["qformat"], ph)
     return meta, ph
 
 

@@ -89,15 +89,12 @@ def hash_range(path: str, offset: int, nbytes: int, algorithm: str = DEFAULT_ALG
 
 def with_digests(qformat_json: str, found: Mapping[str, str], algorithm: str = DEFAULT_ALGORITHM) -> str:
     """A qformat object (JSON text) that records the digests ``found`` (stored name -> hex
-    digest, each computed from the bytes written) and declares at least version 1.2; the object
-    unchanged when ``found`` is empty.  For writers that hand the bytes to another library
-    (save_pretrained through transformers) and know them before it writes them."""
-    if not found:
-        return qformat_json
+    digest, or a placeholder of the same length that the writer overwrites in place) and
+    declares at least version 1.2 (the version that defines ``digests``, SPEC.md §3.8, §17.1)."""
     obj = json.loads(qformat_json)
     obj["version"] = written_version(obj["version"])
     obj["digests"] = {"algorithm": algorithm, "tensors": dict(sorted(found.items()))}
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+    return json.dumps(obj, separators=(",", ":"))
 
 
 def placeholders(names: Iterable[str]) -> dict[str, str]:

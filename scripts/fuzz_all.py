@@ -21,12 +21,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-def _work(args: tuple[int, int, list[str], int, int]) -> dict:
+def _work(args: tuple[int, int, list[str], int, int]) -> object:
     from tests import fuzz
 
     n, seed, targets, start, step = args
-    t = fuzz.run(n, seed, targets, start, step)
-    return {"runs": t.runs, "outcomes": t.outcomes, "by_kind": t.by_kind, "findings": t.findings}
+    return fuzz.run(n, seed, targets, start, step)
 
 
 def main() -> int:
@@ -48,14 +47,7 @@ def main() -> int:
     jobs = [(a.mutants, a.seed, targets, k, a.jobs) for k in range(a.jobs)]
     with multiprocessing.get_context("spawn").Pool(a.jobs) as pool:
         for part in pool.imap_unordered(_work, jobs):
-            t = fuzz.Totals()
-            t.runs.update(part["runs"])
-            for k, c in part["outcomes"].items():
-                t.outcomes[k].update(c)
-            for k, c in part["by_kind"].items():
-                t.by_kind[k].update(c)
-            t.findings = part["findings"]
-            totals.merge(t)
+            totals.merge(part)
     secs = time.time() - t0
     d = totals.to_dict()
     d.update(mutants=a.mutants, seed=a.seed, seconds=round(secs), targets=targets)

@@ -173,8 +173,6 @@ def _timed(fn: Callable[[], Any]) -> tuple[str, Any]:
         return "code", e.code
     except Hang:
         return "hang", None
-    except RecursionError as e:
-        return "crash", f"RecursionError: {e}"
     except Exception as e:  # noqa: BLE001 - the finding itself
         return "crash", f"{type(e).__name__}: {str(e)[:300]}"
     finally:

@@ -39,11 +39,6 @@ def unchecked() -> Iterator[None]:
         _CHECKED.reset(token)
 
 
-def checking() -> bool:
-    """Whether checkpoints opened now get ``qformat check``'s rules (False inside :func:`unchecked`)."""
-    return _CHECKED.get()
-
-
 def admit_files(paths: Iterable[str], index: str | None = None, digests: bool = False) -> Any:
     """``qformat check``'s rules for the safetensors files a model loader reads (the one rule,
     issue 24): header rules now (raising check's first problem, with its code), payload rules per
