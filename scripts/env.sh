@@ -38,5 +38,23 @@ if [ -z "$SO" ] || [ "$ROOT/qformat/kernels/_native.c" -nt "$SO" ] || [ "$ROOT/s
   "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT" >"$VENV/build_ext.log" 2>&1 \
     || echo "[setup] the native kernel did not build (log: $VENV/build_ext.log); decoding uses the NumPy path" >&2
 fi
+# Known console noise of torchao, torch's pytree and bitsandbytes (readers/qformat_quiet: one
+# logging filter per known message, nothing else) is dropped in every interpreter of this
+# environment, so plain transformers imports are quiet here too (issue 24).
+for SITE in "$VENV"/lib/python3*/site-packages; do
+  [ -f "$SITE/qformat_quiet.pth" ] || echo "import qformat_quiet; qformat_quiet.install()" > "$SITE/qformat_quiet.pth"
+done
+# playwright-core (npm) drives Debian's chromium in the browser tests (tests/browser.py); it goes
+# to .tools/node, not into the JavaScript reader, which has no dependencies.  Without npm or
+# chromium those tests skip and say why.
+PW_VERSION=1.65.2
+if command -v npm >/dev/null && [ ! -f "$ROOT/.tools/node/node_modules/playwright-core/.v$PW_VERSION" ]; then
+  echo "[setup] playwright-core $PW_VERSION (npm) for the browser tests" >&2
+  if npm install --no-save --no-audit --no-fund --silent --prefix "$ROOT/.tools/node" "playwright-core@$PW_VERSION" >"$ROOT/.tools-npm.log" 2>&1; then
+    touch "$ROOT/.tools/node/node_modules/playwright-core/.v$PW_VERSION"; rm -f "$ROOT/.tools-npm.log"
+  else
+    echo "[setup] npm could not install playwright-core (log: $ROOT/.tools-npm.log); the browser tests will skip" >&2
+  fi
+fi
 export PATH="$VENV/bin:$PATH"
 cd "$ROOT"

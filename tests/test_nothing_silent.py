@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -104,7 +105,8 @@ def test_one_destination_rule(command: str, tmp_path: Path, capsys: pytest.Captu
     assert run(src, str(tmp_path / "one.safetensors")) == 0 and (tmp_path / "one.safetensors").is_file()
     capsys.readouterr()
     assert run(src, str(tmp_path / "neither")) == 2  # ambiguous: refused, nothing written
-    assert "CONVERT_DESTINATION_INVALID" in capsys.readouterr().err and not (tmp_path / "neither").exists()
+    # each command names itself in the code (issue 24: quantize no longer says CONVERT_...)
+    assert f"{command.upper()}_DESTINATION_INVALID" in capsys.readouterr().err and not (tmp_path / "neither").exists()
     assert run(folder, str(tmp_path / "wrong.safetensors")) == 2  # a folder's output is no file
     assert "names a file" in capsys.readouterr().err and not (tmp_path / "wrong.safetensors").exists()
     assert run(folder, str(tmp_path / "out")) == 0 and (tmp_path / "out" / "model.safetensors").is_file()
@@ -128,31 +130,48 @@ def _js_blocks() -> list[str]:
     return re.findall(r"```js\n(.*?)```", section, re.S)
 
 
+def _readme_model(folder: Path) -> None:
+    w = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    qformat.save_file({"model.layers.0.mlp.down_proj.weight": qformat.quantize(w, "int", bits=4, group_size=32)},
+                      folder / "model.safetensors")
+
+
 @pytest.mark.skipif(__import__("shutil").which("node") is None, reason="node (Node.js 18 or later) is not installed")
-def test_readme_javascript_runs_in_node_and_in_a_browser_page(tmp_path: Path) -> None:
+def test_readme_javascript_runs_in_node(tmp_path: Path) -> None:
     import subprocess
 
     js = Path(__file__).resolve().parent.parent / "readers" / "js"
-    node_block, browser_block = _js_blocks()
-    w = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
-    qformat.save_file({"model.layers.0.mlp.down_proj.weight": qformat.quantize(w, "int", bits=4, group_size=32)},
-                      tmp_path / "model.safetensors")
+    node_block = _js_blocks()[0]
+    _readme_model(tmp_path)
     (tmp_path / "node_modules").mkdir()
     (tmp_path / "node_modules" / "qformat-reader").symlink_to(js)  # what `npm install readers/js` makes
     (tmp_path / "read.mjs").write_text(node_block)
     p = subprocess.run(["node", "read.mjs"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
-    # The browser snippet: a page at http://localhost/ with the reader copied beside it (fetch stubbed to the folder).
-    (tmp_path / "qformat-reader").symlink_to(js)
-    page = ('import { readFile } from "node:fs/promises";\n'
-            'globalThis.document = { baseURI: "http://localhost/index.html" };\n'
-            'globalThis.fetch = async (u) => { const p = new URL(u).pathname.slice(1);\n'
-            '  const b = await readFile(p); return { arrayBuffer: async () => b.buffer.slice(b.byteOffset, b.byteOffset + b.length) }; };\n'
-            'await import("./snippet.mjs");\n')
-    (tmp_path / "snippet.mjs").write_text(browser_block)
-    (tmp_path / "page.mjs").write_text(page)
-    p = subprocess.run(["node", "page.mjs"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+def test_readme_javascript_runs_in_a_browser(tmp_path: Path) -> None:
+    """The browser snippet as written, in a module script of a page that headless Chromium loads
+    over HTTP on loopback, with the reader copied beside the page as the README says."""
+    from tests import browser
+
+    if (why := browser.available()) is not None:
+        pytest.skip(why)
+    js = Path(__file__).resolve().parent.parent / "readers" / "js"
+    _readme_model(tmp_path)
+    shutil.copytree(js / "src", tmp_path / "qformat-reader" / "src")
+    (tmp_path / "snippet.mjs").write_text(_js_blocks()[1])
+    (tmp_path / "index.html").write_text('<!doctype html><meta charset="utf-8"><link rel="icon" href="data:,"><script type="module" src="snippet.mjs"></script>\n')
+    with browser.serve(tmp_path) as base:
+        out = browser.run_page(base + "index.html", expect=1)
+    assert out["errors"] == [] and out["console"] == ["[]"], out
+    # a negative control: the same page on a damaged file reports check's codes, not []
+    data = bytearray((tmp_path / "model.safetensors").read_bytes())
+    data[8:10] = b"[ "
+    (tmp_path / "model.safetensors").write_bytes(bytes(data))
+    with browser.serve(tmp_path) as base:
+        out = browser.run_page(base + "index.html", expect=1)
+    assert out["errors"] and "HEADER" in out["errors"][0], out
 
 
 # -- item 6: a closed pipe ends the CLI quietly ------------------------------------------------
@@ -188,21 +207,47 @@ def test_a_closed_pipe_ends_quietly_with_the_file_written(command: str, status: 
 
 # -- item 6: importing the transformers integration is quiet -----------------------------------
 def test_importing_the_transformers_integration_prints_nothing() -> None:
+    """Without the environment's ``qformat_quiet.pth`` (``-S``: no .pth file runs; site-packages
+    on the path by hand), ``import qformat_transformers`` installs the filters itself."""
+    import site
     import subprocess
     import sys
 
     pytest.importorskip("transformers")
     root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "readers")]))
-    p = subprocess.run([sys.executable, "-c", "import qformat_transformers"], capture_output=True, text=True, timeout=300, env=env)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "readers"), *site.getsitepackages()]))
+    code = "import sys; assert 'qformat_quiet' not in sys.modules; import qformat_transformers"
+    p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stderr
+
+
+def test_the_project_environment_imports_transformers_quietly() -> None:
+    """In the environment scripts/env.sh makes (the README's commands), a plain transformers model
+    and the quantizer backends import with nothing on the console; any other torchao record
+    still prints."""
+    import site
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("torchao")
+    if not any(os.path.isfile(os.path.join(d, "qformat_quiet.pth")) for d in site.getsitepackages()):
+        pytest.skip("not the project's environment (scripts/env.sh writes qformat_quiet.pth)")
+    code = ("from transformers import AutoConfig, AutoModelForCausalLM\n"
+            "c = AutoConfig.for_model('llama', hidden_size=32, intermediate_size=64, num_hidden_layers=1,"
+            " num_attention_heads=2, num_key_value_heads=2, vocab_size=64)\n"
+            "AutoModelForCausalLM.from_config(c)\n"
+            "import torchao, bitsandbytes, sentence_transformers\n"
+            "import logging; logging.getLogger('torchao').warning('another torchao record')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=os.path.expanduser("~"))
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "another torchao record\n", p.stderr
 
 
 def test_only_the_known_noise_is_dropped() -> None:
     import logging
 
     pytest.importorskip("transformers")
-    from qformat_transformers import _quiet
+    import qformat_quiet as _quiet
 
     f = _quiet.KnownNoise(_quiet.KNOWN_NOISE["torchao"])
     rec = lambda msg: logging.LogRecord("torchao", logging.WARNING, __file__, 1, msg, None, None)  # noqa: E731

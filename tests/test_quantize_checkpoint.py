@@ -317,7 +317,7 @@ def test_cli(tmp_path):
     s = json.loads(r.stdout)
     assert s["quantized_tensors"] == 14 and s["quantized"]["int bits=8 group_size=none"]["tensors"] == 14
     r = _cli("quantize", str(tmp_path / "src"), str(tmp_path / "out"), "--scheme", "int")
-    assert r.returncode == 2 and "CONVERT_DESTINATION_INVALID" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "QUANTIZE_DESTINATION_INVALID" in r.stderr and "Traceback" not in r.stderr
     (tmp_path / "bad.toml").write_text('[[rules]]\nglob = "nothing"\nkeep = true\n')
     r = _cli("quantize", str(tmp_path / "src"), str(tmp_path / "o2"), "--recipe", str(tmp_path / "bad.toml"))
     assert r.returncode == 2 and "QUANTIZE_RECIPE_INVALID" in r.stderr and "rule 1" in r.stderr and "Traceback" not in r.stderr

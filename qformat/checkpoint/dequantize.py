@@ -39,6 +39,7 @@ class DequantizeSummary:
         return {"files": self.files, "dequantized": self.dequantized, "kept": self.kept, "bytes": self.bytes, "source_bytes": self.source_bytes}
 
 
+@checkpoint_writer.writing_for("dequantize")
 def dequantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str], dtype: str | None = None, *,
                           overwrite: bool = False, progress: TextIO | None = None,
                           notice: Callable[[str], None] | None = None) -> DequantizeSummary:
@@ -61,7 +62,7 @@ def dequantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[st
     as_folder = os.path.isdir(ck.path) or ck.sharded
     dst = checkpoint_writer.resolve_destination(dst, as_folder, ck.files[0])
     if dst == ck.path or (not as_folder and dst in [os.path.join(ck.folder, f) for f in ck.files]):
-        raise error(checkpoint_writer.DESTINATION_ERROR, f"the destination {dst} is the source itself")
+        raise checkpoint_writer.destination_error(f"the destination {dst} is the source itself")
     checkpoint_writer.check_destination(dst, as_folder, overwrite)
 
     combined = CombinedSource(ck, described)

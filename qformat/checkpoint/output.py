@@ -12,7 +12,7 @@ import re
 import sys
 from typing import Any, Callable, Iterable, TextIO
 
-from .writer import DESTINATION_ERROR, IndexSpec, SideFile
+from .writer import IndexSpec, SideFile, destination_error
 from ..errors import QFormatError, error
 from ..model import METADATA_KEY
 
@@ -27,18 +27,18 @@ def parse_size(size: Any) -> int:
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?[Bb]?)\s*", str(size), re.IGNORECASE)
         if not m:
-            raise error(DESTINATION_ERROR, f"max shard size {size!r} is not a size such as 5GB, 500MB or 2GiB", field="max_shard_size")
+            raise destination_error(f"max shard size {size!r} is not a size such as 5GB, 500MB or 2GiB", field="max_shard_size")
         num, unit = float(m.group(1)), m.group(2)
         u = unit.upper()
         mult = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                 "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}.get(u)
         if mult is None:
-            raise error(DESTINATION_ERROR, f"max shard size {size!r} has an unknown unit {unit!r}", field="max_shard_size")
+            raise destination_error(f"max shard size {size!r} has an unknown unit {unit!r}", field="max_shard_size")
         n = int(num * mult)
         if unit.endswith("b") and u not in ("", "B"):
             n //= 8
     if n < 1:
-        raise error(DESTINATION_ERROR, f"max shard size must be at least 1 byte, found {size!r}", field="max_shard_size")
+        raise destination_error(f"max shard size must be at least 1 byte, found {size!r}", field="max_shard_size")
     return n
 
 

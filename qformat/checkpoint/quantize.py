@@ -258,6 +258,7 @@ def partial_group_warnings(decisions: list[Decision], infos: Mapping[str, Any]) 
     return out
 
 
+@checkpoint_writer.writing_for("quantize")
 def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str], scheme: str | None = None, recipe: Any = None, *,
                         max_shard_size: int | str | None = None, overwrite: bool = False, progress: TextIO | None = None,
                         notice: Callable[[str], None] | None = None, strict: bool = False, **params: Any) -> QuantizeSummary:
@@ -296,7 +297,7 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     as_folder = os.path.isdir(ck.path) or ck.sharded or max_shard_size is not None
     dst = checkpoint_writer.resolve_destination(dst, as_folder, ck.files[0])
     if dst == ck.path or (not as_folder and dst in [os.path.join(ck.folder, f) for f in ck.files]):
-        raise error(checkpoint_writer.DESTINATION_ERROR, f"the destination {dst} is the source itself")
+        raise checkpoint_writer.destination_error(f"the destination {dst} is the source itself")
     checkpoint_writer.check_destination(dst, as_folder, overwrite)
 
     summary = QuantizeSummary(recipe=rec.to_dict(), warnings=warnings)

@@ -17,6 +17,8 @@ is gone (:func:`stale_temporaries`), removes them and reports each through ``not
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import shutil
@@ -39,8 +41,26 @@ TEMP_PREFIX = ".qformat-convert-"
 #: The file inside that folder naming its writer (removed before the folder becomes the destination).
 MARKER = ".qformat-writer.json"
 
-#: The error code for a destination that cannot be used (exists without overwrite, wrong kind, no folder).
-DESTINATION_ERROR = "CONVERT_DESTINATION_INVALID"
+#: The error code for a destination that cannot be used (exists without overwrite, wrong kind, no
+#: folder), by command: the writer is one for every command, the code names the command the user ran.
+DESTINATION_CODES = {"convert": "CONVERT_DESTINATION_INVALID", "quantize": "QUANTIZE_DESTINATION_INVALID",
+                     "dequantize": "DEQUANTIZE_DESTINATION_INVALID", "export": "EXPORT_DESTINATION_INVALID"}
+_COMMAND: contextvars.ContextVar[str] = contextvars.ContextVar("qformat_writing_command", default="convert")
+
+
+@contextlib.contextmanager
+def writing_for(command: str):
+    """Within this block, destination errors carry ``command``'s code (:data:`DESTINATION_CODES`)."""
+    token = _COMMAND.set(command)
+    try:
+        yield
+    finally:
+        _COMMAND.reset(token)
+
+
+def destination_error(message: str, **kw: Any) -> Exception:
+    """The coded error for an unusable destination of the command being run (:func:`writing_for`)."""
+    return error(DESTINATION_CODES[_COMMAND.get()], message, **kw)
 
 
 @dataclass(frozen=True)
@@ -115,7 +135,7 @@ def resolve_destination(dst: str | os.PathLike[str], as_folder: bool, file_name:
     ``dst`` ending in ``/`` or naming an existing folder is a folder; ending in ``.safetensors``
     or ``.gguf`` it is a file.  A command whose output is a folder (``as_folder``) refuses a
     file name; one whose output is a single file writes ``file_name`` into a folder, and
-    refuses a name that is neither (``CONVERT_DESTINATION_INVALID``, saying how to write it).
+    refuses a name that is neither (the command's ``*_DESTINATION_INVALID``, saying how to write it).
     """
     raw = os.fspath(dst)
     path = os.path.abspath(raw)
@@ -123,28 +143,28 @@ def resolve_destination(dst: str | os.PathLike[str], as_folder: bool, file_name:
     is_file = not is_folder and raw.lower().endswith(FILE_SUFFIXES)
     if as_folder:
         if is_file:
-            raise error(DESTINATION_ERROR, f"the destination {raw!r} names a file ({os.path.splitext(raw)[1]}), but this source "
+            raise destination_error(f"the destination {raw!r} names a file ({os.path.splitext(raw)[1]}), but this source "
                         f"gives a folder (a folder or sharded checkpoint): name a folder, such as {os.path.splitext(raw)[0] + '/'!r}")
         return path
     if is_folder:
         return os.path.join(path, file_name)
     if is_file:
         return path
-    raise error(DESTINATION_ERROR, f"the destination {raw!r} is neither a file ending in {' or '.join(FILE_SUFFIXES)} nor a "
+    raise destination_error(f"the destination {raw!r} is neither a file ending in {' or '.join(FILE_SUFFIXES)} nor a "
                 f"folder: this source gives one file; write {os.path.join(raw, '')!r} to put {file_name} in that folder, "
                 f"or name the file, such as {raw + os.path.splitext(file_name)[1]!r}")
 
 
 def check_destination(dst: str, as_folder: bool, overwrite: bool) -> None:
     """Refuse a destination that exists (unless ``overwrite``), is of the wrong kind, or whose
-    folder does not exist (``CONVERT_DESTINATION_INVALID``)."""
+    folder does not exist (the command's ``*_DESTINATION_INVALID``)."""
     if os.path.exists(dst) and not overwrite:
-        raise error(DESTINATION_ERROR, f"{dst} exists; pass --overwrite to replace it")
+        raise destination_error(f"{dst} exists; pass --overwrite to replace it")
     if os.path.exists(dst) and as_folder != os.path.isdir(dst):
-        raise error(DESTINATION_ERROR, f"{dst} is a {'file' if as_folder else 'folder'}, expected a {'folder' if as_folder else 'file'} for this source")
+        raise destination_error(f"{dst} is a {'file' if as_folder else 'folder'}, expected a {'folder' if as_folder else 'file'} for this source")
     parent = os.path.dirname(dst)
     if not os.path.isdir(parent):
-        raise error(DESTINATION_ERROR, f"the destination's folder {parent} does not exist")
+        raise destination_error(f"the destination's folder {parent} does not exist")
 
 
 def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, as_folder: bool, overwrite: bool = False,
@@ -171,7 +191,7 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
     files = list(files)
     check_destination(dst, as_folder, overwrite)
     if not as_folder and len(files) != 1:
-        raise error(DESTINATION_ERROR, f"a single-file destination needs exactly one file, the plan has {len(files)}")
+        raise destination_error(f"a single-file destination needs exactly one file, the plan has {len(files)}")
     plans = [f.plan() for f in files]  # every header before any body
     parent = os.path.dirname(dst)
     clean_stale(parent, notice)
@@ -261,7 +281,7 @@ def copy_side_files(folder: str, side_files: Iterable[SideFile | str], skip: Ite
             continue
         parts = s.name.split("/")
         if os.path.isabs(s.name) or any(p in ("", ".", "..") for p in parts):
-            raise error(DESTINATION_ERROR, f"side file name {s.name!r} is not a relative path inside the output folder")
+            raise destination_error(f"side file name {s.name!r} is not a relative path inside the output folder")
         path = os.path.join(folder, *parts)
         if len(parts) > 1:
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any, TextIO
 
+from ..checkpoint.writer import check_destination, destination_error, resolve_destination, writing_for
 from ..errors import error
 from .base import Context, ExportPlan, Mapped, Parts, Refusal, Report, TensorExport, Target, checked, plain_mapped, unmappable
 from .registry import get, targets
@@ -105,6 +106,7 @@ def _reencoded(name: str, target: Target, mapped: Mapped, desc: Any, ctx: Contex
     return checked(name, target.name, mapped, parts, lambda _p: values.pop("want"), True, report, reencoded=label.strip())
 
 
+@writing_for("export")
 def export(src: str | os.PathLike[str], dst: str | os.PathLike[str], to: str, *, allow_rounding: bool = False,
            overwrite: bool = False, progress: TextIO | None = None, **options: Any) -> Report:
     """Export the checkpoint at ``src`` to ``dst`` in the format ``to`` (see :func:`targets`).
@@ -119,16 +121,16 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str], to: str, *,
     ck, described = open_source(src)
     from ..convert.writer import CombinedSource
 
-    ctx = Context(ck, CombinedSource(ck, described), allow_rounding=allow_rounding, options=dict(options, progress=progress, overwrite=overwrite))
-    report = Report(target=target.name)
-    plan = plan_export(target, ck, described, ctx, report)
-    from ..checkpoint.writer import resolve_destination
-
+    # the destination first: a wrong one is refused before any tensor is planned or read
     as_folder = target.name != "gguf" and ck.kind == "safetensors" and (os.path.isdir(ck.path) or ck.sharded)
     stem = ck.files[0] if ck.kind == "safetensors" else os.path.splitext(ck.files[0])[0] + ".safetensors"
     dst = resolve_destination(dst, as_folder, os.path.splitext(stem)[0] + ".gguf" if target.name == "gguf" else stem)
     if dst == ck.path or dst in [os.path.join(ck.folder, f) for f in ck.files]:
-        raise error("CONVERT_DESTINATION_INVALID", f"the destination {dst} is the source itself")
+        raise destination_error(f"the destination {dst} is the source itself")
+    check_destination(dst, as_folder, overwrite)  # the target's writer checks again when it writes
+    ctx = Context(ck, CombinedSource(ck, described), allow_rounding=allow_rounding, options=dict(options, progress=progress, overwrite=overwrite))
+    report = Report(target=target.name)
+    plan = plan_export(target, ck, described, ctx, report)
     report.files = target.write(dst, plan, ctx)
     report.bytes = sum(os.path.getsize(f) for f in report.files if os.path.isfile(f))
     return report

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import _quiet
+import qformat_quiet
 
-_quiet.install()  # before transformers imports its quantizers' backends (torchao, bitsandbytes)
+qformat_quiet.install()  # before transformers imports its quantizers' backends (torchao, bitsandbytes)
 
 from transformers.quantizers import register_quantization_config, register_quantizer  # noqa: E402
 from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO_QUANTIZER_MAPPING  # noqa: E402

@@ -286,7 +286,7 @@ def test_destination_rules(tmp_path: Path) -> None:
     out.write_bytes(b"old")
     with pytest.raises(QFormatError) as e:
         export(src, out, to="gguf")
-    assert e.value.code == "CONVERT_DESTINATION_INVALID" and out.read_bytes() == b"old"
+    assert e.value.code == "EXPORT_DESTINATION_INVALID" and out.read_bytes() == b"old"
     export(src, out, to="gguf", overwrite=True)
     assert out.read_bytes()[:4] == b"GGUF"
     assert sorted(os.listdir(tmp_path)) == ["o.gguf", "src.safetensors"]

@@ -1,12 +1,18 @@
-"""Known console noise of this package's imports, dropped at its source (issue 24).
+"""Known console noise of the libraries qformat runs beside, dropped at its source (issue 24).
 
-Importing transformers' quantizer registry (which this package extends) imports every
-quantizer's backend that is installed: torchao logs a "Failed to load" line per optional CUDA
+Importing transformers' quantizer registry (which qformat.transformers extends, and which
+``from_pretrained`` of any model reaches) imports every quantizer's backend that is installed: torchao logs a "Failed to load" line per optional CUDA
 extension it cannot load on this machine, torch's pytree logs a deprecation line per Enum that
 torchao registers, and bitsandbytes logs that the optional ``kernels`` package is missing.
 None of it concerns qformat, and none of it is an error.  Each is dropped by a filter on the
 logger that emits it, matching that message only: every other record of those loggers, and
 every Python warning, is shown as before.
+
+This module imports nothing but :mod:`logging`, so it can run at interpreter start:
+``qformat.transformers`` installs the filters when it is imported, and the project's own
+environment (``scripts/env.sh``) installs them in every interpreter it starts, through a
+``qformat_quiet.pth`` file in the environment's site-packages, so that plain transformers,
+torchao and bitsandbytes imports there are quiet too.
 """
 
 from __future__ import annotations
