@@ -1,4 +1,4 @@
-"""The native decode kernel (qformat/kernels/_native.c) as an optional setuptools extension.
+"""The native kernels (qformat/kernels/_native.c: decode; _matmul.c: matmul) as optional setuptools extensions.
 
 Everything else about the package is in pyproject.toml.  Why setuptools (the build backend the
 project already uses) and not scikit-build-core or meson-python: one C file with no dependency
@@ -20,4 +20,6 @@ if sys.platform == "win32":
 else:
     args = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-strict-aliasing", "-fvisibility=hidden"]
 
-setup(ext_modules=[Extension("qformat.kernels._native", ["qformat/kernels/_native.c"], extra_compile_args=args, optional=True)])
+# _native: the fused decode; _matmul: QLinear's packed-weight matmul (qformat.kernels.matmul).
+setup(ext_modules=[Extension(f"qformat.kernels.{name}", [f"qformat/kernels/{name}.c"], extra_compile_args=args, optional=True)
+                   for name in ("_native", "_matmul")])

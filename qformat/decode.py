@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -284,15 +283,6 @@ def round_to_logical(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -
     return out
 
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool(n: int) -> ThreadPoolExecutor:
-    """A pool of exactly ``n`` threads, made once and reused."""
-    pool = _POOLS.get(n)
-    if pool is None:
-        pool = _POOLS.setdefault(n, ThreadPoolExecutor(max_workers=n, thread_name_prefix="qformat-decode"))
-    return pool
 
 
 def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: str | None = None,
@@ -339,7 +329,7 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
     n = min(8, os.cpu_count() or 1) if n is None else max(1, int(n))
     if n > 1 and len(chunks) >= 2 * n:
         # map() yields in chunk order, so the first failing chunk's error is the one raised
-        for _ in _pool(n).map(run, chunks):
+        for _ in _kernels.pool(n).map(run, chunks):
             pass
     else:
         for sub in chunks:

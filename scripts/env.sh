@@ -27,16 +27,21 @@ if [ ! -f "$STAMP" ]; then
   touch "$STAMP"
   echo "[setup] done" >&2
 fi
-# The native decode kernel (qformat/kernels/_native.c, an optional extension that pip's
-# editable install builds in place): rebuilt here when its source or setup.py is newer than the
-# built module, so a changed kernel never runs stale.  A failed build only warns: qformat then
-# decodes with its NumPy path (qformat.kernels.info() says which).
-SO="$(ls "$ROOT"/qformat/kernels/_native.*.so 2>/dev/null | head -n1 || true)"
-if [ -z "$SO" ] || [ "$ROOT/qformat/kernels/_native.c" -nt "$SO" ] || [ "$ROOT/setup.py" -nt "$SO" ]; then
-  echo "[setup] building the native decode kernel" >&2
+# The native kernels (qformat/kernels/_native.c: decode, _matmul.c: matmul; optional extensions
+# that pip's editable install builds in place): rebuilt here when a source or setup.py is newer
+# than its built module, so a changed kernel never runs stale.  A failed build only warns:
+# qformat then decodes with its NumPy path and QLinear decodes per forward
+# (qformat.kernels.info() says which).
+STALE=""
+for NAME in _native _matmul; do
+  SO="$(ls "$ROOT"/qformat/kernels/$NAME.*.so 2>/dev/null | head -n1 || true)"
+  if [ -z "$SO" ] || [ "$ROOT/qformat/kernels/$NAME.c" -nt "$SO" ] || [ "$ROOT/setup.py" -nt "$SO" ]; then STALE=1; fi
+done
+if [ -n "$STALE" ]; then
+  echo "[setup] building the native kernels" >&2
   # pip's isolated build (setuptools>=77, as pyproject.toml asks), not the venv's own setuptools
   "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT" >"$VENV/build_ext.log" 2>&1 \
-    || echo "[setup] the native kernel did not build (log: $VENV/build_ext.log); decoding uses the NumPy path" >&2
+    || echo "[setup] the native kernels did not build (log: $VENV/build_ext.log); qformat uses its NumPy paths" >&2
 fi
 # Known console noise of torchao, torch's pytree and bitsandbytes (readers/qformat_quiet: one
 # logging filter per known message, nothing else) is dropped in every interpreter of this

@@ -351,6 +351,80 @@ def test_sanitized_kernel_on_mutants(tmp_path):
     assert r.stdout.startswith("decoded"), r.stdout
 
 
+_SANITIZED_MATMUL = """
+import importlib.util, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("qformat.kernels._matmul", sys.argv[1])
+mm = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mm)
+rng = np.random.default_rng(0)
+kinds = {0: 16, 1: 256, 2: 256, 3: 256, 4: 256, 5: 256}
+import ml_dtypes
+c = np.arange(256, dtype=np.uint8)
+tables = {0: rng.standard_normal(16).astype(np.float32), 1: c.view(np.int8).astype(np.float32), 2: c.astype(np.float32),
+          3: np.where(np.isnan(c.view(ml_dtypes.float8_e4m3fn).astype(np.float32)), 0, c.view(ml_dtypes.float8_e4m3fn).astype(np.float32)).astype(np.float32),
+          4: c.view(ml_dtypes.float8_e5m2).astype(np.float32), 5: rng.standard_normal(256).astype(np.float32)}
+levels = list(range(mm.cpu_level() + 1))
+runs = 0
+for kind in kinds:
+    for m in (1, 2, 5, 9):
+        for k, g in ((64, 16), (96, 32), (256, 64), (128, 128), (40, 8)):
+            if kind == 0 and k % 2:
+                continue
+            n = 7
+            w = rng.integers(0, 256, (n, k // 2 if kind == 0 else k), dtype=np.uint8)
+            if kind == 3:
+                w &= 0xF7  # no NaN code (the caller's rule for this kind)
+            if kind == 4:
+                w &= 0xBF  # finite e5m2 codes (NaN and infinity would make the reference NaN)
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            ps = [rng.standard_normal((n, k // g)).astype(np.float32) if rng.random() < 0.6 else None for _ in range(3)]
+            codes = np.stack([w & 15, w >> 4], -1).reshape(n, k) if kind == 0 else w
+            wf = tables[kind][codes].astype(np.float64)
+            z, s, b = (np.repeat(p.astype(np.float64), g, 1) if p is not None else None for p in ps)
+            wf = wf - (z if z is not None else 0)
+            wf = wf * (s if s is not None else 1)
+            wf = wf + (b if b is not None else 0)
+            ref = x.astype(np.float64) @ wf.T
+            bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(wf).T) + 1e-30
+            for lv in levels:
+                for n0, n1 in ((0, n), (2, 5), (6, 7), (3, 3)):
+                    y = np.full((m, n), np.nan, np.float32)
+                    mm.matmul(x, m, k, w, n, kind, tables[kind], g, ps[0], ps[1], ps[2], y, n0, n1, lv)
+                    ok = np.abs(y[:, n0:n1] - ref[:, n0:n1]) <= bound[:, n0:n1]
+                    assert ok.all(), (kind, m, k, g, lv, n0, n1)
+                    assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all()  # nothing outside the range
+                    runs += 1
+print("runs", runs)
+"""
+
+
+@native
+def test_sanitized_matmul_kernel(tmp_path):
+    """qformat/kernels/_matmul.c built with -fsanitize=address,undefined: every code kind, 1 to 9
+    rows of x, groups of 8 to 128, partial column ranges, on every level this CPU has, against a
+    float64 reference, with no invalid access or undefined behaviour; columns outside the range
+    asked for are never written."""
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    ubsan = subprocess.run([cc, "-print-file-name=libubsan.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(asan) or not os.path.exists(asan):
+        pytest.skip("the compiler has no AddressSanitizer runtime")
+    so = tmp_path / ("_matmul" + sysconfig.get_config_var("EXT_SUFFIX"))
+    build = subprocess.run([cc, "-O1", "-g", "-std=c11", "-ffp-contract=off", "-fno-omit-frame-pointer",
+                            "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-shared", "-fPIC",
+                            "-I" + sysconfig.get_paths()["include"], str(ROOT / "qformat/kernels/_matmul.c"), "-o", str(so)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    env = dict(os.environ, LD_PRELOAD=" ".join(p for p in (asan, ubsan) if os.path.isabs(p)),
+               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+    r = subprocess.run([sys.executable, "-c", _SANITIZED_MATMUL, str(so)], env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0 and "Sanitizer" not in r.stderr, r.stderr[-4000:]
+    assert r.stdout.startswith("runs"), r.stdout
+
+
 @native
 def test_bench_kernels_section_rows():
     """bench/kernels.py (the decode-per-scheme rows against np.copyto) on tiny data: a row per

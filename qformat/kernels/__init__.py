@@ -16,6 +16,7 @@ has), ``numpy`` (never the native kernel), or a level name (``generic``, ``avx2`
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -108,3 +109,72 @@ def fused(codes: Any, stride: int, rows: int, cols: int, n: int, byte_table: Any
     if _native is None:
         raise RuntimeError(f"the native extension is not built ({_IMPORT_ERROR})")
     _native.decode(codes, stride, rows, cols, n, byte_table, params, out, out_kind, span)
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def pool(n: int) -> ThreadPoolExecutor:
+    """A pool of exactly ``n`` threads, made once and reused (the decoder's chunks and the
+    matmul's column ranges run on it; the kernels release the GIL)."""
+    p = _POOLS.get(n)
+    if p is None:
+        p = _POOLS.setdefault(n, ThreadPoolExecutor(max_workers=n, thread_name_prefix="qformat-kernels"))
+    return p
+
+
+# -- the packed-weight matmul (``_matmul.c``) -------------------------------------------------------
+try:  # optional like _native: without it QLinear decodes per forward
+    from . import _matmul  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised by the fresh-install check without a compiler
+    _matmul = None
+
+#: Code kinds of the matmul kernel, as numbered in ``_matmul.c``.
+MATMUL_KINDS = {"nib4": 0, "i8": 1, "u8": 2, "e4m3": 3, "e5m2": 4, "lut8": 5}
+#: Largest group (columns per parameter value) the matmul kernel takes.
+MATMUL_MAX_GROUP = 4096
+
+
+def matmul_available() -> bool:
+    """Whether :func:`matmul` can run (the extension built, and native kernels not switched off)."""
+    return _matmul is not None and _enabled
+
+
+def matmul_level() -> int:
+    """The matmul kernel's level: 1 (AVX2 + FMA + F16C) where this CPU has it and the decode
+    kernel is not forced to ``generic``, else 0 (the portable loop)."""
+    if _matmul is None:
+        return 0
+    forced_generic = _native is not None and _native.level() == "generic"
+    return 0 if forced_generic else int(_matmul.cpu_level())
+
+
+def matmul(x: Any, codes: Any, kind: str, table: Any, group: int, zero: Any, scale: Any, bias: Any, out: Any,
+           threads: int | None = None) -> Any:
+    """``out[M, N] = x[M, K] @ W[N, K]^T`` with ``W`` packed (see ``_matmul.c``).
+
+    ``x``: C-contiguous float32 ``[M, K]``; ``codes``: uint8 ``[N, K/2]`` (kind ``nib4``: two
+    4-bit codes per byte, low nibble first) or ``[N, K]``; ``table``: float32, 16 or 256 element
+    values; ``zero``/``scale``/``bias``: float32 ``[N, K/group]`` or None, applied in that order
+    with binary32 steps (each weight equals qformat's decoded binary32 weight; the sums use FMA
+    in the kernel's order); ``out``: C-contiguous float32 ``[M, N]``.  The N columns are split
+    over ``threads`` threads (default: the CPU count, at most 8) of :func:`pool`."""
+    if _matmul is None:
+        raise RuntimeError("the native matmul extension is not built")
+    m, k = x.shape
+    n = codes.shape[0]
+    level = matmul_level()
+    t = max(1, min(8, os.cpu_count() or 1) if threads is None else int(threads))
+    # at least 64 output columns per thread: below that the dispatch costs more than it saves
+    t = max(1, min(t, n // 64))
+    args = (x, m, k, codes, n, MATMUL_KINDS[kind], table, group, zero, scale, bias, out)
+    if t == 1:
+        _matmul.matmul(*args, 0, n, level)
+        return out
+    step = -(-n // t)
+    step = -(-step // 16) * 16  # whole cache lines of output per thread
+    futures = [pool(t).submit(_matmul.matmul, *args, a, min(n, a + step), level) for a in range(step, n, step)]
+    _matmul.matmul(*args, 0, min(n, step), level)  # the caller's thread takes the first share
+    for f in futures:
+        f.result()
+    return out

@@ -172,6 +172,7 @@ class Prepared:
     why: str = ""  # where not exact: which parameter rounds
     roundings: int = 0  # relative 2^-8 roundings between the decoded and the kernel's weight (error_bound)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    meta: dict[str, Any] = field(default_factory=dict)  # the path's own settings (group size, code kind)
 
     def __call__(self, x2d: torch.Tensor) -> torch.Tensor:
         return self.path.forward(self, x2d)
@@ -421,8 +422,178 @@ class Int8PerChannel(KernelPath):
         return p, x, x.double() @ wd.T, x.double().abs() @ wd.abs().T
 
 
-#: The kernel paths, tried in order.
-PATHS: list[KernelPath] = [Int4Grouped(), Int8PerChannel()]
+# -- any element of at most 8 bits, per-group parameters -> qformat's own matmul kernel --------------
+#: The parameter ops the kernel applies, by role (SPEC.md §9: a zero point has no op; a bias that
+#: subtracts is added negated, the same binary32 result).
+_PARAM_OPS = {"zero": (None,), "scale": ("multiply",), "bias": ("add", "subtract")}
+
+
+def _kernel_group(desc: Descriptor) -> tuple[int, list[tuple[Any, int, int]]] | None:
+    """(g, [(param, rows per cell, columns per cell)]) where every parameter is a grid of
+    blocks (or flat blocks that tile whole rows or lie inside one) whose column extent is a
+    multiple of ``g`` (g: the smallest, a multiple of 8 dividing in_features), else None."""
+    n, k = desc.shape
+    found, widths = [], []
+    for role, prm in (("zero", desc.zero), ("scale", desc.scale), ("bias", desc.bias)):
+        if prm is None:
+            continue
+        if prm.op not in _PARAM_OPS[role]:
+            return None
+        if prm.blocks.type == "flat":
+            f = int(prm.blocks.size)  # type: ignore[arg-type]
+            if k % f == 0:
+                bn, bk = 1, f
+            elif f % k == 0:
+                bn, bk = f // k, k
+            else:
+                return None
+        elif prm.blocks.index is None:
+            bn, bk = prm.blocks.size  # type: ignore[misc]
+            bn, bk = n if bn is None else int(bn), k if bk is None else int(bk)
+        else:
+            return None
+        found.append((prm, bn, bk))
+        widths.append(min(bk, k))
+    if not found:
+        return None
+    g = min(widths)
+    while g > 4096 and g % 2 == 0:  # a per-row parameter on a very wide row: any divisor works
+        g //= 2
+    if g % 8 or k % g or any((w % g and w != k) or (k % w and w != k) for w in widths) or g > 4096:
+        return None
+    return g, found
+
+
+class LutGrouped(KernelPath):
+    """Every element encoding of at most 8 bits (int, float, codebook: nf4, fp4, e2m1 of MX and
+    NV, fp8, int asym, the GGUF K-family as converted), with zero/scale/bias per group of
+    columns (any block shape whose column width is a multiple of 8), on qformat's own kernel
+    (:func:`qformat.kernels.matmul`, ``qformat/kernels/_matmul.c``).
+
+    The kernel forms each weight with the decoder's binary32 steps ``(v - z) * s + b`` from the
+    same binary32 element values and parameter values (``_grid``: two-level parameters decoded
+    first, as the decoder does), so the weight it multiplies equals qformat's decoded binary32
+    weight bit for bit; the only rounding between it and the decoded weight is the logical
+    dtype's (bfloat16: one relative rounding; float32: none).  It computes in binary32 from
+    activations of any float dtype (bfloat16 and float16 convert exactly)."""
+
+    name = "lut_grouped"
+    dtypes = (torch.bfloat16, torch.float32, torch.float16)
+
+    def match(self, desc: Descriptor, device: torch.device) -> bool:
+        from qformat import kernels as qk
+
+        if not qk.matmul_available() or device.type != "cpu" or len(desc.shape) != 2 or desc.layout != "canonical":
+            return False
+        if desc.extensions or desc.codes.element.bits > 8 or desc.dtype not in ("float32", "bfloat16", "float16"):
+            return False
+        n, k = desc.shape
+        if n == 0 or k == 0:
+            return False
+        grp = _kernel_group(desc)
+        return grp is not None and (desc.codes.element.bits > 4 or (k % 32 == 0 and grp[0] % 16 == 0))
+
+    def prepare(self, desc: Descriptor, comps: dict[str, torch.Tensor], policy: str = "native") -> Prepared | None:
+        n, k = desc.shape
+        g, found = _kernel_group(desc)  # type: ignore[misc]
+        rel, other = [], []
+        if desc.dtype == "bfloat16":
+            rel.append("the logical dtype bfloat16 rounds each weight, the kernel does not")
+        elif desc.dtype == "float16":
+            other.append("the logical dtype float16 rounds each weight (possibly to a subnormal), the kernel does not")
+        if not _allowed(policy, rel, other):
+            return None
+        src = TensorSource(comps, torch.device("cpu"))
+        table, valid = element_table(desc, numpy_view(src))
+        table = np.asarray(table, np.float32)
+        bits = desc.codes.element.bits
+        nib = bits <= 4
+        lut = np.zeros(16 if nib else 256, np.float32)
+        lut[:valid] = table[:valid]
+        codes = self._codes(desc, comps, nib)
+        kind = "nib4" if nib else self._byte_kind(lut[:valid], valid, codes)
+        params = {}
+        for role, (prm, bn, bk) in zip([r for r in ("zero", "scale", "bias") if getattr(desc, r) is not None], found):
+            grid = _grid(desc, prm, comps).to(torch.float32).reshape(-(-n // bn), -(-k // bk))
+            rows = torch.arange(n) // bn
+            cols = torch.arange(0, k, g) // bk
+            params[role] = grid[rows][:, cols].contiguous()
+            if role == "bias" and prm.op == "subtract":
+                params[role].neg_()  # x - b and x + (-b) are the same binary32 operation
+        why = rel + other
+        t = {"codes": codes, "table": torch.from_numpy(lut), **params}
+        return Prepared(self, t, torch.float32, not why, "; ".join(why), len(rel), meta={"group": g, "kind": kind})
+
+    @staticmethod
+    def _codes(desc: Descriptor, comps: dict[str, torch.Tensor], nib: bool) -> torch.Tensor:
+        """The codes as the kernel reads them: uint8 ``[N, K/2]`` (two per byte, low nibble
+        first) or ``[N, K]``; the stored bytes themselves where they already are that."""
+        n, k = desc.shape
+        p, stored = desc.codes.packing, comps[desc.codes.tensor]
+        plain = (p.container == 8 and p.axis == 1 and p.order is None and p.slot_order is None and p.planes_span is None
+                 and p.row_alignment == 1 and stored.dtype in (torch.uint8, torch.int8))
+        if nib and plain and desc.codes.element.bits == 4 and p.bit_order == "lsb_first" and tuple(stored.shape) == (n, k // 2):
+            return stored.view(torch.uint8)
+        if not nib and plain and desc.codes.element.bits == 8 and tuple(stored.shape) == (n, k):
+            return stored.view(torch.uint8)
+        out = torch.empty((n, k // 2 if nib else k), dtype=torch.uint8)
+        step = max(1, (1 << 20) // k)  # rows per chunk: the read plan's int64 codes stay small
+        src = TensorSource(comps, torch.device("cpu"))
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            c = apply_codes(plan_codes(desc, ((a, b), (0, k))), src).to(torch.uint8)
+            out[a:b] = (c[:, 0::2] | (c[:, 1::2] << 4)) if nib else c
+        return out
+
+    @staticmethod
+    def _byte_kind(values: np.ndarray, valid: int, codes: torch.Tensor) -> str:
+        """The fastest kind whose conversion gives exactly these element values (compared bit
+        for bit on every code): i8, u8, e4m3 (where no NaN code occurs), e5m2, else lut8."""
+        import ml_dtypes
+
+        if valid != 256:
+            return "lut8"
+        c = np.arange(256, dtype=np.uint8)
+        cands = {"i8": c.view(np.int8).astype(np.float32), "u8": c.astype(np.float32),
+                 "e4m3": c.view(ml_dtypes.float8_e4m3fn).astype(np.float32), "e5m2": c.view(ml_dtypes.float8_e5m2).astype(np.float32)}
+        for kind, v in cands.items():
+            nan = np.isnan(v)
+            # bit for bit, NaN by class (a NaN weight gives a NaN output either way)
+            same = np.array_equal(nan, np.isnan(values)) and np.array_equal(v[~nan].view(np.uint32), values[~nan].view(np.uint32))
+            # e4m3's fast conversion has no NaN: taken only where no NaN code occurs
+            if same and (kind != "e4m3" or not bool(((codes & 0x7F) == 0x7F).any())):
+                return kind
+        return "lut8"
+
+    def forward(self, p: Prepared, x2d: torch.Tensor) -> torch.Tensor:
+        from qformat import kernels as qk
+
+        t = p.tensors
+        x = x2d.to(torch.float32).contiguous()
+        out = torch.empty((x.shape[0], t["codes"].shape[0]), dtype=torch.float32)
+        arr = lambda name: t[name].numpy() if name in t else None  # noqa: E731
+        qk.matmul(x.numpy(), t["codes"].numpy(), p.meta["kind"], t["table"].numpy(), p.meta["group"],
+                  arr("zero"), arr("scale"), arr("bias"), out.numpy(), threads=torch.get_num_threads())
+        return out.to(x2d.dtype)
+
+    def probe_case(self) -> tuple[Prepared, torch.Tensor, torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(0)
+        n, k, g = 32, 128, 16
+        table = torch.randn(16, generator=gen)
+        c = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+        codes = (c[:, 0::2] | (c[:, 1::2] << 4)).contiguous()
+        s = torch.rand(n, k // g, generator=gen) + 0.5
+        z = torch.randn(n, k // g, generator=gen)
+        p = Prepared(self, {"codes": codes, "table": table, "zero": z, "scale": s}, torch.float32, True,
+                     meta={"group": g, "kind": "nib4"})
+        wd = (table.double()[c.long()] - z.double().repeat_interleave(g, 1)) * s.double().repeat_interleave(g, 1)
+        x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+        return p, x, x.double() @ wd.T, x.double().abs() @ wd.abs().T
+
+
+#: The kernel paths, tried in order: torch's own where they map (int4 and int8 with bfloat16
+#: scales), then qformat's for everything else of at most 8 bits.
+PATHS: list[KernelPath] = [Int4Grouped(), Int8PerChannel(), LutGrouped()]
 
 
 # -- tolerance and capability probe ----------------------------------------------------------------
@@ -468,7 +639,10 @@ def select(desc: Descriptor, comps: dict[str, torch.Tensor], device: torch.devic
     ``policy`` (see the module doc), or None (decode)."""
     if policy == "decode":
         return None
-    for path in PATHS:
+    # torch's kernels take bfloat16 activations only; a float32 model's activations are float32,
+    # which qformat's kernel takes (bfloat16 ones too), so it goes first there
+    paths = PATHS if desc.dtype != "float32" else sorted(PATHS, key=lambda p: torch.float32 not in p.dtypes)
+    for path in paths:
         if not path.match(desc, device) or not probe(path):
             continue
         try:
@@ -477,7 +651,8 @@ def select(desc: Descriptor, comps: dict[str, torch.Tensor], device: torch.devic
             continue
         if p is not None:
             p.device = device
-        return p  # None: the matching path's error is not one the policy takes: decode
+            return p
+        # None: this path's error is not one the policy takes; a later path may map exactly
     return None
 
 

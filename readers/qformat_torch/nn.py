@@ -180,7 +180,9 @@ class QLinear(nn.Module):
         if b is not None and b.dtype != x.dtype:
             b = b.to(x.dtype)
         nat = self._native
-        if nat is not None and x.dtype == nat.dtype and x.device == nat.device and x.shape[-1] == self.in_features:
+        # the kernels have no backward: an input that needs a gradient takes the decode path
+        if (nat is not None and x.dtype in nat.path.dtypes and x.device == nat.device and x.shape[-1] == self.in_features
+                and not (x.requires_grad and torch.is_grad_enabled())):
             y = nat(x.reshape(-1, self.in_features).contiguous()).reshape(x.shape[:-1] + (self.out_features,))
             return y if b is None else y.add_(b)
         if self.stream and not self.cache:

@@ -1,0 +1,207 @@
+"""qformat's own matmul kernel (qformat/kernels/_matmul.c) behind QLinear's ``lut_grouped`` path.
+
+Bits first: each weight the kernel multiplies is formed with the decoder's binary32 steps, so
+with one-hot rows of x (``x = I``, float32: every product but one is zero, the sum exact) the
+kernel's output *is* its weight matrix, compared with qformat's decoded binary32 weight bit for
+bit (NaN by class), for every encoder scheme of at most 8 bits (parametrized over the registry)
+and on both kernel levels this CPU has (the portable loop and AVX2).  Then the product: on random
+activations the output stays within :func:`qformat_torch.kernels.error_bound` of the exact
+float64 product with the decoded weight (binary32 sums with FMA in the kernel's order, the output
+rounded to x's dtype, and for a bfloat16 logical dtype the one rounding of each weight the
+kernel does not do); a wrong weight fails that bound.  Speed is measured in bench/, not here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import numpy as np  # noqa: E402
+
+import qformat  # noqa: E402
+from qformat import kernels as qk  # noqa: E402
+from qformat import schemes  # noqa: E402
+from qformat_torch import kernels  # noqa: E402
+from qformat_torch.nn import QLinear  # noqa: E402
+
+if not qk.matmul_available():  # pragma: no cover - a machine without the extension
+    pytest.skip("the native matmul extension is not built here (the NumPy-path test covers this machine)", allow_module_level=True)
+
+#: Parameters per registered encoder scheme (every scheme the registry holds must appear: a new
+#: scheme joins this test or fails test_every_scheme_is_covered).
+PARAMS: dict[str, list[dict]] = {
+    "int": [{"bits": 4, "group_size": 32}, {"bits": 4, "group_size": 64, "symmetric": False},
+            {"bits": 8, "group_size": 128, "symmetric": False}, {"bits": 3, "group_size": 32}, {"bits": 8, "group_size": None}],
+    "nf4": [{}], "mxfp4": [{}], "nvfp4": [{}], "mxint8": [{}],
+    "mxfp6_e2m3": [{}], "mxfp6_e3m2": [{}], "mxfp8_e4m3": [{}], "mxfp8_e5m2": [{}],
+    "fp8_e4m3": [{}], "fp8_e5m2": [{}],
+    "codebook": [{"values": [-1.5, -0.75, -0.25, 0.0, 0.25, 0.75, 1.5, 3.0]}],
+}
+CASES = [pytest.param(s, p, id=f"{s}-{'-'.join(f'{k}{v}' for k, v in p.items() if k != 'values') or 'default'}")
+         for s, ps in PARAMS.items() for p in ps]
+LEVELS = ["generic"] + (["avx2"] if qk.matmul_level() == 1 or qk.info()["cpu_level"] in ("avx2", "avx512") else [])
+N, K = 96, 256
+
+
+@pytest.fixture(autouse=True)
+def _reader_ops_path():
+    """Overrides the readers' conftest fixture (which keeps decodes off the native kernels):
+    this module tests the native matmul, on the best level this CPU has unless a test says."""
+    with qk.use("auto"):
+        yield
+
+
+def test_every_scheme_is_covered() -> None:
+    assert sorted(PARAMS) == sorted(schemes.ids())
+
+
+def _layer(scheme: str, params: dict, dtype: str = "float32", seed: int = 0) -> QLinear:
+    w = (np.random.default_rng(seed).standard_normal((N, K)) * 0.05).astype(np.float32)
+    qt_ = qformat.quantize(w, scheme, **params, **({} if dtype == "float32" else {"dtype": dtype}))
+    from qformat_torch.qtensor import TorchQTensor
+
+    return QLinear(TorchQTensor.from_qtensor(qt_, torch.device("cpu")), None)
+
+
+def _decoded(ql: QLinear) -> torch.Tensor:
+    return ql.dequantize_weight().to(torch.float32)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("scheme, params", CASES)
+def test_kernel_weights_equal_the_decoded_weights_bit_for_bit(scheme: str, params: dict, level: str) -> None:
+    ql = _layer(scheme, params)
+    assert ql.kernel_path in ("lut_grouped", "int4_grouped", "int8_per_channel")
+    p = kernels.LutGrouped().prepare(ql._parsed, ql.component_tensors(), "native")
+    assert p is not None and p.exact
+    eye = torch.eye(K, dtype=torch.float32)
+    with qk.use(level):
+        got = p.path.forward(p, eye).T  # [N, K]: row n of W, one column per one-hot row of x
+    want = _decoded(ql)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan], want[~nan]), f"{(got != want).sum()} weights differ"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [1, 3, 8, 64])
+@pytest.mark.parametrize("scheme, params", CASES)
+def test_product_within_the_bound(scheme: str, params: dict, m: int, level: str) -> None:
+    ql = _layer(scheme, params)
+    p = kernels.LutGrouped().prepare(ql._parsed, ql.component_tensors(), "native")
+    w = _decoded(ql).double()
+    gen = torch.Generator().manual_seed(m)
+    for dt in (torch.bfloat16, torch.float32):
+        x = torch.randn(m, K, generator=gen).to(dt)
+        with qk.use(level):
+            y = p.path.forward(p, x).double()
+        ref = x.double() @ w.T
+        bound = kernels.error_bound(ref, x.double().abs() @ w.abs().T, K, dt)
+        assert bool(((y - ref).abs() <= bound).all()), float(((y - ref).abs() / bound).max())
+
+
+GGUF_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
+
+
+@pytest.mark.parametrize("name", GGUF_TYPES)
+def test_gguf_types_as_converted_run_on_the_kernel(name: str, tmp_path) -> None:
+    """Random GGUF blocks of each type, converted: QLinear runs them on the kernel (float32
+    activations, as the converted float32 logical dtype), and the product with the decoded
+    weight stays within the bound; the weights equal the decoded ones bit for bit."""
+    from gguf import GGMLQuantizationType as T
+
+    from qformat.convert import convert
+    from qformat_torch.qtensor import TorchQTensor
+    from tests.convert.test_gguf import quant_data, write_gguf
+
+    raw = quant_data(T[name], (64, 512), np.random.default_rng(0), edges=False)
+    src = write_gguf(tmp_path / "m.gguf", [("w", raw, T[name])])
+    convert(src, tmp_path / "m.safetensors")
+    with qformat.safe_open(tmp_path / "m.safetensors") as f:
+        ql = QLinear(TorchQTensor.from_qtensor(f.get_qtensor("w"), torch.device("cpu")), None)
+    assert ql.kernel_path == "lut_grouped"
+    w = _decoded(ql).double()
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        y = ql(x).double()
+        cols = ql(torch.eye(512)).T
+    ref = x.double() @ w.T
+    assert bool(((y - ref).abs() <= kernels.error_bound(ref, x.double().abs() @ w.abs().T, 512, torch.float32)).all())
+    assert torch.equal(cols, w.float())
+
+
+def test_a_wrong_weight_fails_the_bound() -> None:
+    """The bound is tight enough to see one weight off by one code step."""
+    ql = _layer("nf4", {})
+    p = kernels.LutGrouped().prepare(ql._parsed, ql.component_tensors(), "native")
+    w = _decoded(ql).double()
+    codes = p.tensors["codes"].clone()
+    codes[5, 10] ^= 0x01  # the low nibble: code of weight (5, 20) moves by one
+    bad = kernels.Prepared(p.path, dict(p.tensors, codes=codes), p.dtype, True, meta=p.meta)
+    x = torch.zeros(1, K)
+    x[0, 20] = 1.0
+    x[0, 21] = 0.5
+    y = bad.path.forward(bad, x).double()
+    ref = x.double() @ w.T
+    bound = kernels.error_bound(ref, x.double().abs() @ w.abs().T, K, torch.float32)
+    assert not bool(((y - ref).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("scheme, params", [("nf4", {}), ("mxfp4", {}), ("int", {"bits": 4, "group_size": 32, "symmetric": False})])
+def test_bfloat16_models_take_the_kernel_by_default_within_the_documented_bound(scheme: str, params: dict) -> None:
+    """A bfloat16 logical dtype: the kernel keeps each weight's binary32 value, the decode path
+    rounds it to bfloat16: one relative rounding (Prepared.roundings), and the default policy
+    ("auto") takes the kernel."""
+    ql = _layer(scheme, params, dtype="bfloat16")
+    assert ql.kernel_path == "lut_grouped" and ql._native.roundings == 1
+    w = _decoded(ql).double()
+    x = torch.randn(4, K, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    with torch.no_grad():
+        y = ql(x).double()
+    ref = x.double() @ w.T
+    bound = kernels.error_bound(ref, x.double().abs() @ w.abs().T, K, torch.bfloat16, weight_roundings=1)
+    assert bool(((y - ref).abs() <= bound).all())
+
+
+def test_decode_policy_and_gradients_keep_the_exact_path() -> None:
+    ql = _layer("nf4", {})
+    x = torch.randn(2, K)
+    kernels.set_kernel_policy("decode")
+    try:
+        with torch.no_grad():
+            y = ql(x)
+        assert ql.kernel_path == "decode"
+        assert torch.equal(y, torch.nn.functional.linear(x, _decoded(ql)))
+    finally:
+        kernels.set_kernel_policy("auto")
+    xg = torch.randn(2, K, requires_grad=True)
+    ql(xg).sum().backward()  # the kernel has no backward: this goes through F.linear
+    # a gradient flows (F.linear's backward: ones @ W, summed in torch's order)
+    assert xg.grad is not None and torch.allclose(xg.grad, _decoded(ql).sum(0).expand(2, K), rtol=1e-5, atol=1e-6)
+
+
+def test_without_native_kernels_qlinear_decodes() -> None:
+    ql = _layer("mxfp4", {})
+    with qk.use("numpy"):
+        assert not qk.matmul_available()
+        assert kernels.select(ql._parsed, ql.component_tensors(), torch.device("cpu"), "auto") is None
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (dict(x=np.zeros((1, 10), np.float32)), "x too short"),
+    (dict(codes=np.zeros((4, 3), np.uint8)), "codes too short"),
+    (dict(table=np.zeros(15, np.float32)), "table"),
+    (dict(g=12), "bad sizes"),
+    (dict(scale=np.zeros((4, 1), np.float32)), "parameter too short"),
+    (dict(out=np.zeros((1, 3), np.float32)), "y too short"),
+    (dict(rows=(0, 5)), "column range"),
+])
+def test_the_raw_kernel_checks_every_size(bad: dict, msg: str) -> None:
+    from qformat.kernels import _matmul
+
+    a = dict(x=np.zeros((1, 64), np.float32), codes=np.zeros((4, 32), np.uint8), table=np.zeros(16, np.float32), g=32,
+             scale=np.zeros((4, 2), np.float32), out=np.zeros((1, 4), np.float32), rows=(0, 4))
+    a.update(bad)
+    with pytest.raises(ValueError, match=msg):
+        _matmul.matmul(a["x"], 1, 64, a["codes"], 4, 0, a["table"], a["g"], None, a["scale"], None, a["out"], *a["rows"], 0)
