@@ -531,7 +531,7 @@ class LutGrouped(KernelPath):
         n, k = desc.shape
         p, stored = desc.codes.packing, comps[desc.codes.tensor]
         plain = (p.container == 8 and p.axis == 1 and p.order is None and p.slot_order is None and p.planes_span is None
-                 and p.row_alignment == 1 and stored.dtype in (torch.uint8, torch.int8))
+                 and p.row_alignment == 1 and stored.element_size() == 1 and stored.is_contiguous())  # U8, I8, F8_*: the bytes as they are
         if nib and plain and desc.codes.element.bits == 4 and p.bit_order == "lsb_first" and tuple(stored.shape) == (n, k // 2):
             return stored.view(torch.uint8)
         if not nib and plain and desc.codes.element.bits == 8 and tuple(stored.shape) == (n, k):

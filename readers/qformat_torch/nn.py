@@ -127,8 +127,12 @@ class QLinear(nn.Module):
             # The kernel holds its own copy: components that are views of a mapped file (as
             # from_pretrained loads them) give their pages back; state_dict, a save or the decode
             # path read them from the file again, byte for byte.
+            # A component the kernel reads in place (its codes, shared) keeps its pages.
+            shared = {t.untyped_storage().data_ptr() for t in self._native.tensors.values() if t.device.type == "cpu"}
             for bname, _ in self._components.values():
-                kernels.release_file_pages(getattr(self, bname))
+                buf = getattr(self, bname)
+                if buf.untyped_storage().data_ptr() not in shared:
+                    kernels.release_file_pages(buf)
             kernels.trim_heap()  # the repack's transients leave holes around the copy (see trim_heap)
 
     def _apply(self, fn: Any, recurse: bool = True) -> "QLinear":  # .to(), .cuda(), .half(), ...
