@@ -21,6 +21,69 @@ from ._qarray import QArray, ShardInfo, raise_if_bad, host_components, lead_axes
 
 ShardingSpec = Any  # a jax.sharding.Sharding, a mapping name -> Sharding, or a callable
 
+#: How :func:`load_file` and :func:`load_region` decode a quantized tensor that they return
+#: decoded: ``"auto"`` (the default) decodes on the host with qformat's native kernel
+#: (:func:`qformat.decode.decode`, the reference's own bits) and puts the result on the device
+#: where that device is a CPU and the kernel is on (``qformat.kernels.enabled()``), else with the
+#: jitted jax.numpy decoder on the device; ``"jax"`` always takes the jitted decoder.  Both give
+#: the reference's bits (``exact=False`` applies to the jitted decoder only).
+DECODERS = ("auto", "jax")
+
+
+def _platforms(device: Any) -> set[str]:
+    if device is None:
+        return {jax.devices()[0].platform}
+    if hasattr(device, "device_set"):  # a Sharding
+        return {d.platform for d in device.device_set}
+    return {getattr(device, "platform", "?")}
+
+
+def host_decodes(device: Any, decoder: str = "auto") -> bool:
+    """Whether a tensor bound for ``device`` is decoded on the host by the native kernel (see
+    :data:`DECODERS`): on a CPU device the jitted decoder is 3-10x slower than the kernel
+    (bench ``decode``), and the host's memory is the device's."""
+    if decoder not in DECODERS:
+        raise error("ENCODE_PARAM_INVALID", f"decoder must be one of {', '.join(DECODERS)}, found {decoder!r}", field="decoder")
+    from qformat import kernels
+
+    return decoder == "auto" and kernels.enabled() and _platforms(device) == {"cpu"}
+
+
+#: Alignment of the host buffers decoded for a CPU device: at 64 bytes XLA's CPU client takes a
+#: NumPy array without copying it (measured: a 64 MB device_put of a 16-byte-aligned array ran
+#: at 0.13x memcpy, five times the decode itself; of a 64-byte-aligned one, no copy).
+HOST_ALIGNMENT = 64
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n + HOST_ALIGNMENT, np.uint8)
+    off = (-raw.ctypes.data) % HOST_ALIGNMENT
+    return raw[off:off + n].view(dtype).reshape(shape)
+
+
+def _host_decode(desc: Descriptor, source: Any, device: Any, region: Any = None, tensor: str | None = None) -> jax.Array:
+    """``region`` of ``desc`` decoded by :func:`qformat.decode.decode` into a 64-byte-aligned host
+    buffer, handed to ``device`` (a CPU device: without a copy)."""
+    from qformat.decode import decode
+    from qformat.dtypes import logical_numpy
+
+    shape = desc.shape if region is None else tuple(hi - lo for lo, hi in region)
+    out = _aligned_empty(shape, logical_numpy(desc.dtype))
+    decode(desc, source, region, tensor=tensor, out=out)
+    return jax.device_put(out, device)
+
+
+def decode_on_host(q: qformat.QTensor, device: Any = None) -> jax.Array:
+    """``q`` decoded by :func:`qformat.decode.decode` (the native kernel where it is on; the
+    reference's bits) and put on ``device`` (default: JAX's default device; a CPU device takes
+    the decoded buffer without copying it)."""
+    from qformat.descriptor import parse_descriptor
+    from qformat.sources import ArraySource
+
+    return _host_decode(parse_descriptor("tensor", q.descriptor), ArraySource(q.components), device)
+
 
 def _has_table(desc: Descriptor) -> bool:
     if desc.codes.element.table_tensor is not None:
@@ -49,8 +112,10 @@ def _region_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[
 
 
 def _load_logical(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any, packed: bool, exact: bool,
-                  read_log: list | None) -> Any:
+                  read_log: list | None, decoder: str = "auto") -> Any:
     desc = f.validated_descriptor(name)
+    if shard is None and not packed and host_decodes(device, decoder):
+        return _host_decode(desc, f.source, device, tensor=name)
     if shard is None:
         comps = f.get_qtensor(name).components  # memory-mapped views
         q = QArray(desc, jax.device_put(host_components(desc, comps, name), device))
@@ -70,19 +135,20 @@ def _load_logical(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any, pa
         region = _region_of(index, shape)
         devs = pending.get(region)
         dev = devs.pop(0) if devs else None  # callbacks come in the map's device order
-        return load_region(f, name, region, device=dev, exact=exact, read_log=read_log, _desc=desc)
+        return load_region(f, name, region, device=dev, exact=exact, read_log=read_log, decoder=decoder, _desc=desc)
 
     return jax.make_array_from_callback(shape, shard, cb)
 
 
 def load_region(f: qformat.io.SafeOpen, name: str, region: Any, device: Any = None, exact: bool = True,
-                read_log: list | None = None, _desc: Descriptor | None = None) -> jax.Array:
+                read_log: list | None = None, decoder: str = "auto", _desc: Descriptor | None = None) -> jax.Array:
     """Decode one box of a logical tensor on ``device``, reading only its aligned blocks.
 
     The box is widened to the smallest block-aligned box (qformat.slicing.aligned_region); only
     the packed bytes and parameters of that box are read from the memory map
     (qformat.slicing.slice_qtensor), put on ``device``, decoded there by the jitted decoder and
-    cut to the box.  With ``read_log`` (a list), one record per call is appended: the tensor,
+    cut to the box (on a CPU device: decoded on the host by the native kernel, cut, then put
+    there; ``decoder``, :data:`DECODERS`).  With ``read_log`` (a list), one record per call is appended: the tensor,
     device, box, aligned box and the file byte ranges read (qformat.slicing.Read).
     """
     desc = _desc if _desc is not None else f.validated_descriptor(name)
@@ -93,8 +159,13 @@ def load_region(f: qformat.io.SafeOpen, name: str, region: Any, device: Any = No
     sub_desc = Descriptor.from_dict(sub)
     host = host_components(sub_desc, comps, name)
     cut = None if A == region else tuple((lo - alo, hi - alo) for (lo, hi), (alo, _) in zip(region, A))
-    out, ok = jitted(descriptor_json(sub), exact, cut)(jax.device_put(host, device))
-    raise_if_bad(ok, name)
+    if host_decodes(device, decoder):
+        from qformat.sources import ArraySource
+
+        out = _host_decode(sub_desc, ArraySource(comps), device, cut, tensor=name)
+    else:
+        out, ok = jitted(descriptor_json(sub), exact, cut)(jax.device_put(host, device))
+        raise_if_bad(ok, name)
     if read_log is not None:
         read_log.append({"tensor": name, "device": device, "region": region, "aligned": A, "reads": list(src.reads)})
     return out
@@ -149,11 +220,14 @@ def _load_plain(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any) -> A
 
 
 def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, packed: bool = False,
-              device: Any = None, exact: bool = True, read_log: list | None = None, verify: bool = False) -> dict[str, Any]:
+              device: Any = None, exact: bool = True, read_log: list | None = None, verify: bool = False,
+              decoder: str = "auto") -> dict[str, Any]:
     """Every tensor of a qformat (or plain safetensors) file as JAX arrays.
 
     * Quantized tensors are decoded on the device by the jitted jax.numpy decoder, bit-exact
-      with :func:`qformat.load_file` when ``exact`` (the default).
+      with :func:`qformat.load_file` when ``exact`` (the default); on a CPU device, by
+      qformat's native kernel on the host (the same bits, several times faster), unless
+      ``decoder="jax"`` (:data:`DECODERS`).
     * ``packed=True`` returns quantized tensors as :class:`QArray` pytrees instead, kept packed
       on ``device`` (call ``.dequantize()`` inside ``jax.jit``).  With a ``NamedSharding``
       whose device boxes are block-aligned and even, each device keeps only its own block,
@@ -173,7 +247,8 @@ def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, pa
     before it is read (DIGEST_MISMATCH, DIGEST_UNSUPPORTED).
     """
     if is_index(path):
-        return load_checkpoint(path, sharding=sharding, packed=packed, device=device, exact=exact, read_log=read_log, verify=verify)
+        return load_checkpoint(path, sharding=sharding, packed=packed, device=device, exact=exact, read_log=read_log, verify=verify,
+                               decoder=decoder)
     with qformat.safe_open(path, verify=verify) as f:
         for probs in f.model.tensor_problems.values():
             raise_first(probs)
@@ -182,7 +257,7 @@ def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, pa
             shape = f.shape(name)
             shard = _sharding_for(sharding, name, shape)
             if f.is_quantized(name):
-                out[name] = _load_logical(f, name, shard, device, packed, exact, read_log)
+                out[name] = _load_logical(f, name, shard, device, packed, exact, read_log, decoder)
             else:
                 out[name] = _load_plain(f, name, shard, device)
         return out

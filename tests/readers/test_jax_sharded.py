@@ -5,7 +5,9 @@ XLA's device count is fixed when JAX starts, so the checks run in a subprocess s
 (8 devices splitting rows, 8 splitting columns, 2 x 4 splitting both) the worker checks that
 
 * the global array equals the NumPy decode bit for bit, and each shard lives on its device;
-* each device's callback decoded on that device and read exactly the bytes that an
+* each device's callback (decoded by the native kernel on the host and put on that device,
+  the default on CPU devices, or by the jitted decoder on the device: ``decoder="jax"``; both
+  are run) read exactly the bytes that an
   independent per-element transcription of SPEC.md says its block-aligned box needs
   (tests/test_slicing.py ``needed``), with the aligned box itself computed here from the
   scheme's block sizes, not by qformat.slicing;
@@ -41,17 +43,18 @@ SHAPES = {"w": (16, 256), "u": (16, 320)}  # u: 40 columns per device, not a mul
 WITH_U = ("int",)  # u (misaligned column shards) with this scheme only: each shard shape compiles per device
 
 
-def test_sharded_load_reads_only_each_shard(tmp_path):
+@pytest.mark.parametrize("decoder", ["auto", "jax"])
+def test_sharded_load_reads_only_each_shard(tmp_path, decoder):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), str(tmp_path)], env=env, cwd=ROOT,
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), str(tmp_path), decoder], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["checked"] == (len(SCHEMES) + len(WITH_U)) * 3, summary
 
 
-def _worker(tmp: str) -> None:
+def _worker(tmp: str, decoder: str) -> None:
     import numpy as np
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -62,6 +65,9 @@ def _worker(tmp: str) -> None:
     from tests.test_slicing import needed
 
     assert len(jax.devices()) == 8, jax.devices()
+    from qformat import kernels
+
+    assert qformat.jax.host_decodes(jax.devices()[0], decoder) == (decoder == "auto" and kernels.enabled())
     devs = np.array(jax.devices())
     meshes = {
         "rows": NamedSharding(Mesh(devs, ("x",)), P("x", None)),
@@ -83,7 +89,7 @@ def _worker(tmp: str) -> None:
             start = f.header.data_start
         for mesh_name, sharding in meshes.items():
             log: list = []
-            out = qformat.jax.load_file(path, sharding, read_log=log)
+            out = qformat.jax.load_file(path, sharding, read_log=log, decoder=decoder)
             for name, shape in shapes.items():
                 arr = out[name]
                 assert arr.sharding == sharding
@@ -152,4 +158,4 @@ def _worker(tmp: str) -> None:
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1])
+    _worker(sys.argv[1], sys.argv[2])
