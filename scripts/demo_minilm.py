@@ -116,9 +116,12 @@ SENTENCES = ["A man is eating food.", "The quick brown fox jumps over the lazy d
 
 
 def sentence_embeddings(src: str, qdir: str, pdir: str) -> None:
-    """SentenceTransformer(quantized folder) against SentenceTransformer(dequantized folder):
-    the quantized model runs QLinear (decode the weight, then F.linear), so in float32 its
-    embeddings must equal the dequantized model's bit for bit; also the cosine to fp32."""
+    """SentenceTransformer(quantized folder) against SentenceTransformer(dequantized folder).
+
+    By default QLinear runs qformat's native kernel (``lut_grouped``: the decoded binary32
+    weights, summed in its own order), so its embeddings are within rounding of the dequantized
+    model's; with the exact path (``kernel_policy("decode")``: decode, then F.linear) they must
+    equal them bit for bit.  Also the cosine to fp32."""
     import logging
 
     # transformers imports torchao when it is installed; its notes about CUDA-only kernels (and
@@ -131,28 +134,42 @@ def sentence_embeddings(src: str, qdir: str, pdir: str) -> None:
         from transformers.utils import logging as hf_logging
 
         import qformat.transformers  # noqa: F401  (registers quant_method "qformat" with transformers)
+        from qformat_torch import kernels
         from qformat_torch.nn import QLinear
     except ImportError as e:
         print(f"sentence-transformers check skipped ({e}; pip install sentence-transformers)")
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     hf_logging.disable_progress_bar()
-    emb, quantized = {}, 0
+    emb, quantized, paths = {}, 0, {}
     for label, folder in (("quantized", qdir), ("dequantized", pdir), ("fp32", src)):
         model = SentenceTransformer(folder, device="cpu")
-        if label == "quantized":
-            quantized = sum(isinstance(m, QLinear) for m in model.modules())
         with torch.no_grad():
             emb[label] = model.encode(SENTENCES, convert_to_tensor=True)
-    q, d = emb["quantized"], emb["dequantized"]
-    equal = bool(torch.equal(q, d))
+        if label == "quantized":
+            ql = [m for m in model.modules() if isinstance(m, QLinear)]
+            quantized = len(ql)
+            for m in ql:
+                paths[m.kernel_path] = paths.get(m.kernel_path, 0) + 1
+            kernels.set_kernel_policy("decode")
+            try:
+                with torch.no_grad():
+                    emb["quantized, exact path"] = model.encode(SENTENCES, convert_to_tensor=True)
+            finally:
+                kernels.set_kernel_policy("auto")
+    q, x, d = emb["quantized"], emb["quantized, exact path"], emb["dequantized"]
+    equal = bool(torch.equal(x, d))
     diff = float((q - d).abs().max())
+    close = float(torch.nn.functional.cosine_similarity(q, d).min())
     cos = torch.nn.functional.cosine_similarity(q, emb["fp32"])
-    print(f"SentenceTransformer(quantized): {quantized} QLinear modules; {len(SENTENCES)} sentence embeddings "
-          f"({q.shape[1]} dims, {q.dtype}) equal SentenceTransformer(dequantized) bit for bit: {equal} "
-          f"(max abs difference {diff:g}); cosine to the fp32 model {float(cos.min()):.4f} to {float(cos.max()):.4f}")
+    print(f"SentenceTransformer(quantized): {quantized} QLinear modules ({', '.join(f'{k} {v}' for k, v in sorted(paths.items()))}); "
+          f"{len(SENTENCES)} sentence embeddings ({q.shape[1]} dims, {q.dtype}); exact path (kernel policy \"decode\") equal to "
+          f"SentenceTransformer(dequantized) bit for bit: {equal}; default path: max abs difference {diff:g}, cosine "
+          f"{close:.7f} to the dequantized model; cosine to the fp32 model {float(cos.min()):.4f} to {float(cos.max()):.4f}")
     if not equal:
-        raise SystemExit("the quantized model's embeddings differ from the dequantized reference")
+        raise SystemExit("the quantized model's exact-path embeddings differ from the dequantized reference")
+    if close < 0.99999:
+        raise SystemExit("the quantized model's default-path embeddings are not within rounding of the dequantized reference")
 
 
 def main() -> int:

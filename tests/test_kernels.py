@@ -237,6 +237,42 @@ print(json.dumps(kernels.info()), out.view(np.uint32).sum(dtype=np.uint64))
     assert int(total) == int(want.view(np.uint32).sum(dtype=np.uint64))
 
 
+def test_without_the_extensions_everything_takes_the_numpy_paths(tmp_path):
+    """As on a machine where no compiler built the extensions: both modules made unimportable in a
+    fresh process; qformat decodes with NumPy (info() says why), QLinear of nf4 and int4 decodes
+    per forward and equals F.linear on the decoded weight, and the JAX reader keeps its jitted
+    decoder on the CPU."""
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    code = """
+import sys, importlib.abc
+class NoExtensions(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name in ("qformat.kernels._native", "qformat.kernels._matmul"):
+            raise ImportError(f"No module named {name!r}")
+        return None
+sys.meta_path.insert(0, NoExtensions())
+import numpy as np, torch, jax, qformat, qformat_jax
+from qformat import kernels
+info = kernels.info()
+assert info["path"] == "numpy" and not info["built"] and not kernels.matmul_available(), info
+from qformat_torch.nn import QLinear
+lin = torch.nn.Linear(128, 32)
+for scheme, kw in (("nf4", {}), ("int", {"bits": 4, "group_size": 32})):
+    ql = QLinear.from_linear(lin, scheme, **kw)
+    x = torch.randn(3, 128)
+    with torch.no_grad():
+        assert ql.kernel_path != "lut_grouped", ql.kernel_path
+        y = ql(x)
+        assert torch.equal(y, torch.nn.functional.linear(x, ql.dequantize_weight(), lin.bias)), scheme
+assert not qformat_jax.host_decodes(jax.devices("cpu")[0])
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "readers")])))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
 @native
 def test_kernel_checks_its_arguments():
     """The C entry point refuses every size or parameter cell outside its buffers (ValueError)
@@ -274,6 +310,27 @@ def test_kernel_checks_its_arguments():
             pytest.fail(f"bad call {i} accepted")
     with pytest.raises(TypeError):
         kernels.fused(codes, 8, 4, 16, 2, bt, [ok], out.view(np.float32)[:, ::2], 0)  # not contiguous
+
+
+def _sanitized_build(name: str, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """qformat/kernels/``name``.c built with -fsanitize=address,undefined (any report aborts),
+    and the environment that preloads the sanitizer runtimes; skips without a compiler or ASan."""
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    ubsan = subprocess.run([cc, "-print-file-name=libubsan.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(asan) or not os.path.exists(asan):
+        pytest.skip("the compiler has no AddressSanitizer runtime")
+    so = tmp_path / (name + sysconfig.get_config_var("EXT_SUFFIX"))
+    build = subprocess.run([cc, "-O1", "-g", "-std=c11", "-ffp-contract=off", "-fno-omit-frame-pointer",
+                            "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-shared", "-fPIC",
+                            "-I" + sysconfig.get_paths()["include"], str(ROOT / f"qformat/kernels/{name}.c"), "-o", str(so)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    env = dict(os.environ, LD_PRELOAD=" ".join(p for p in (asan, ubsan) if os.path.isabs(p)),
+               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+    return so, env
 
 
 _SANITIZED = """
@@ -328,23 +385,9 @@ def test_sanitized_kernel_on_mutants(tmp_path):
     """The C file built with -fsanitize=address,undefined decodes the kernel cases, the
     conformance corpus and corpus mutants (the differential fuzzer's) with no invalid read or
     write and no undefined behaviour (any report aborts the process)."""
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-    ubsan = subprocess.run([cc, "-print-file-name=libubsan.so"], capture_output=True, text=True).stdout.strip()
-    if not os.path.isabs(asan) or not os.path.exists(asan):
-        pytest.skip("the compiler has no AddressSanitizer runtime")
-    so = tmp_path / ("_native" + sysconfig.get_config_var("EXT_SUFFIX"))
-    build = subprocess.run([cc, "-O1", "-g", "-std=c11", "-ffp-contract=off", "-fno-omit-frame-pointer",
-                            "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-shared", "-fPIC",
-                            "-I" + sysconfig.get_paths()["include"], str(ROOT / "qformat/kernels/_native.c"), "-o", str(so)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
+    so, env = _sanitized_build("_native", tmp_path)
     corpus = ROOT / "conformance" / "v1"
-    env = dict(os.environ, LD_PRELOAD=" ".join(p for p in (asan, ubsan) if os.path.isabs(p)),
-               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
-               QFORMAT_KERNELS="auto", PYTHONPATH=str(ROOT))
+    env.update(QFORMAT_KERNELS="auto", PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", _SANITIZED, str(so), os.environ.get("QFORMAT_SANITIZE_MUTANTS", "150"), str(corpus)],
                        env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0 and "Sanitizer" not in r.stderr, r.stderr[-4000:]
@@ -405,21 +448,7 @@ def test_sanitized_matmul_kernel(tmp_path):
     rows of x, groups of 8 to 128, partial column ranges, on every level this CPU has, against a
     float64 reference, with no invalid access or undefined behaviour; columns outside the range
     asked for are never written."""
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-    ubsan = subprocess.run([cc, "-print-file-name=libubsan.so"], capture_output=True, text=True).stdout.strip()
-    if not os.path.isabs(asan) or not os.path.exists(asan):
-        pytest.skip("the compiler has no AddressSanitizer runtime")
-    so = tmp_path / ("_matmul" + sysconfig.get_config_var("EXT_SUFFIX"))
-    build = subprocess.run([cc, "-O1", "-g", "-std=c11", "-ffp-contract=off", "-fno-omit-frame-pointer",
-                            "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-shared", "-fPIC",
-                            "-I" + sysconfig.get_paths()["include"], str(ROOT / "qformat/kernels/_matmul.c"), "-o", str(so)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    env = dict(os.environ, LD_PRELOAD=" ".join(p for p in (asan, ubsan) if os.path.isabs(p)),
-               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+    so, env = _sanitized_build("_matmul", tmp_path)
     r = subprocess.run([sys.executable, "-c", _SANITIZED_MATMUL, str(so)], env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0 and "Sanitizer" not in r.stderr, r.stderr[-4000:]
     assert r.stdout.startswith("runs"), r.stdout

@@ -261,7 +261,15 @@ def test_repacked_loads_with_plain_from_pretrained(fmt, tmp_path):
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert sorted(qlinears(model)) == sorted(decoder_linears(model))
     ref = reference(fp_dir, inplace)
+    from qformat_torch import kernels as tk
+
     with torch.no_grad():
-        logits = model(IDS).logits
+        fast = model(IDS).logits  # the default policy: native kernels where they map (float32 sums in their own order)
+        tk.set_kernel_policy("decode")  # the exact path: F.linear on the decoded weights, bit for bit
+        try:
+            logits = model(IDS).logits
+        finally:
+            tk.set_kernel_policy("auto")
         assert torch.isfinite(logits).all()
         assert torch.equal(logits, ref(IDS).logits)
+        assert torch.allclose(fast, logits, rtol=1e-4, atol=1e-5), float((fast - logits).abs().max())
