@@ -1,7 +1,8 @@
 """Native CPU kernel paths of :class:`~qformat_torch.nn.QLinear`, and its exact decode path.
 
-A kernel path maps a class of stored weights onto one of torch's CPU matmul kernels for packed
-weights.  Each path has
+A kernel path maps a class of stored weights onto a CPU matmul kernel for packed weights:
+torch's own int4 and int8 ones, or qformat's (``lut_grouped``, ``qformat/kernels/_matmul.c``)
+for every other element of at most 8 bits.  Each path has
 
 - ``match(desc, device)``: structural -- does this descriptor (parsed) map onto the kernel;
 - ``prepare(desc, components)``: repack the weight into the kernel's own tensors, once, when the
@@ -33,7 +34,8 @@ Torch's native ops used here are private (underscore) ATen ops.  Each is used on
 capability probe at first use (the op exists, accepts the call, and is right on a tiny input
 within the bound), cached per process; where it fails, QLinear decodes instead.
 
-Only bfloat16 activations go to the native kernels: torch's float32 and float16 versions of
+Only bfloat16 activations go to torch's kernels (``lut_grouped`` takes float32 and float16 ones
+too, computing in binary32): torch's float32 and float16 versions of
 both ops measured 10-60x slower than decoding plus F.linear (no vectorized path).
 """
 
@@ -568,13 +570,17 @@ class LutGrouped(KernelPath):
     def forward(self, p: Prepared, x2d: torch.Tensor) -> torch.Tensor:
         from qformat import kernels as qk
 
-        t = p.tensors
-        x = x2d.to(torch.float32).contiguous()
-        out = torch.empty((x.shape[0], t["codes"].shape[0]), dtype=torch.float32)
-        arr = lambda name: t[name].numpy() if name in t else None  # noqa: E731
-        qk.matmul(x.numpy(), t["codes"].numpy(), p.meta["kind"], t["table"].numpy(), p.meta["group"],
-                  arr("zero"), arr("scale"), arr("bias"), out.numpy(), threads=torch.get_num_threads())
-        return out.to(x2d.dtype)
+        args = p.meta.get("args")
+        if args is None:  # the kernel's arguments, as NumPy views of the prepared tensors, once
+            t = p.tensors
+            arr = lambda name: t[name].numpy() if name in t else None  # noqa: E731
+            args = p.meta["args"] = (t["codes"].numpy(), p.meta["kind"], t["table"].numpy(), p.meta["group"],
+                                     arr("zero"), arr("scale"), arr("bias"))
+        x = x2d if x2d.dtype == torch.float32 else x2d.float()  # bfloat16 and float16 widen exactly
+        out = np.empty((x.shape[0], args[0].shape[0]), np.float32)
+        qk.matmul(x.contiguous().numpy(), *args, out, threads=torch.get_num_threads())
+        y = torch.from_numpy(out)
+        return y if x2d.dtype == torch.float32 else y.to(x2d.dtype)
 
     def probe_case(self) -> tuple[Prepared, torch.Tensor, torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(0)
