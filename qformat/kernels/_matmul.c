@@ -251,59 +251,86 @@ TGT static void row1_avx2(const mm_job *j, const float *xp) {
 }
 #undef ROW1_FLAGS
 
-/* Several rows of x: each weight row formed once into `wrow` (K binary32 values, in L1/L2),
- * then multiplied by 4 rows of x at a time with one accumulator each. */
-TGT static void rows_avx2(const mm_job *j, float *wrow) {
-    const Py_ssize_t K = j->K, G = K / j->g, g = j->g, M = j->M, N = j->N;
+/* Weight row n formed into `w` (K binary32 values), each weight as the scalar steps form it. */
+TGT static void form_row(const mm_job *j, Py_ssize_t n, float *w) {
+    const Py_ssize_t K = j->K, G = K / j->g, g = j->g;
     const Py_ssize_t rowbytes = j->kind == K_NIB4 ? K / 2 : K;
     const int hz = j->z != NULL, hs = j->s != NULL, hb = j->b != NULL, nib = j->kind == K_NIB4;
-    Py_ssize_t n, q, k, m, mm;
-    for (n = j->n0; n < j->n1; n++) {
-        const uint8_t *wr = j->w + n * rowbytes;
-        for (q = 0; q < G; q++) {
-            const float z = hz ? j->z[n * G + q] : 0.0f, s = hs ? j->s[n * G + q] : 0.0f, b = hb ? j->b[n * G + q] : 0.0f;
-            const __m256 vz = _mm256_set1_ps(z), vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
-            __m256 tlo = _mm256_setzero_ps(), thi = tlo;
-            if (nib) { /* the group's 16 weights, each formed as the scalar steps form it */
-                tlo = _mm256_loadu_ps(j->table);
-                thi = _mm256_loadu_ps(j->table + 8);
-                if (hz) { tlo = _mm256_sub_ps(tlo, vz); thi = _mm256_sub_ps(thi, vz); }
-                if (hs) { tlo = _mm256_mul_ps(tlo, vs); thi = _mm256_mul_ps(thi, vs); }
-                if (hb) { tlo = _mm256_add_ps(tlo, vb); thi = _mm256_add_ps(thi, vb); }
-            }
-            const uint8_t *wg = wr + (nib ? q * g / 2 : q * g);
-            float *wq = wrow + q * g;
-            for (k = 0; k < g; k += 8) {
-                __m256 w;
-                if (nib)
-                    w = nib_weights(wg + k / 2, tlo, thi);
-                else {
-                    w = byte_values(wg + k, j->kind, j->table);
-                    if (hz) w = _mm256_sub_ps(w, vz);
-                    if (hs) w = _mm256_mul_ps(w, vs);
-                    if (hb) w = _mm256_add_ps(w, vb);
-                }
-                _mm256_storeu_ps(wq + k, w);
-            }
+    const uint8_t *wr = j->w + n * rowbytes;
+    Py_ssize_t q, k;
+    for (q = 0; q < G; q++) {
+        const float z = hz ? j->z[n * G + q] : 0.0f, s = hs ? j->s[n * G + q] : 0.0f, b = hb ? j->b[n * G + q] : 0.0f;
+        const __m256 vz = _mm256_set1_ps(z), vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+        __m256 tlo = _mm256_setzero_ps(), thi = tlo;
+        if (nib) { /* the group's 16 weights */
+            tlo = _mm256_loadu_ps(j->table);
+            thi = _mm256_loadu_ps(j->table + 8);
+            if (hz) { tlo = _mm256_sub_ps(tlo, vz); thi = _mm256_sub_ps(thi, vz); }
+            if (hs) { tlo = _mm256_mul_ps(tlo, vs); thi = _mm256_mul_ps(thi, vs); }
+            if (hb) { tlo = _mm256_add_ps(tlo, vb); thi = _mm256_add_ps(thi, vb); }
         }
+        const uint8_t *wg = wr + (nib ? q * g / 2 : q * g);
+        float *wq = w + q * g;
+        for (k = 0; k < g; k += 8) {
+            __m256 v;
+            if (nib)
+                v = nib_weights(wg + k / 2, tlo, thi);
+            else {
+                v = byte_values(wg + k, j->kind, j->table);
+                if (hz) v = _mm256_sub_ps(v, vz);
+                if (hs) v = _mm256_mul_ps(v, vs);
+                if (hb) v = _mm256_add_ps(v, vb);
+            }
+            _mm256_storeu_ps(wq + k, v);
+        }
+    }
+}
+
+/* Several rows of x: two weight rows formed at a time into `wrow` (2K values, in L1/L2), then
+ * multiplied by 4 rows of x at a time: 8 accumulators, each x load serving both weight rows. */
+TGT static void rows_avx2(const mm_job *j, float *wrow) {
+    const Py_ssize_t K = j->K, M = j->M, N = j->N;
+    float *w0 = wrow, *w1 = wrow + K;
+    Py_ssize_t n, k, m, mm;
+    for (n = j->n0; n + 1 < j->n1; n += 2) {
+        form_row(j, n, w0);
+        form_row(j, n + 1, w1);
         for (m = 0; m < M; m += 4) {
             const Py_ssize_t nm = M - m < 4 ? M - m : 4;
             const float *x0 = j->x + m * K;
-            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            __m256 a[4], c[4];
+            for (mm = 0; mm < 4; mm++) a[mm] = c[mm] = _mm256_setzero_ps();
             if (nm == 4)
                 for (k = 0; k < K; k += 8) {
-                    const __m256 w = _mm256_loadu_ps(wrow + k);
-                    acc[0] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x0 + k), acc[0]);
-                    acc[1] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x0 + K + k), acc[1]);
-                    acc[2] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x0 + 2 * K + k), acc[2]);
-                    acc[3] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x0 + 3 * K + k), acc[3]);
+                    const __m256 u = _mm256_loadu_ps(w0 + k), v = _mm256_loadu_ps(w1 + k);
+                    __m256 x;
+                    x = _mm256_loadu_ps(x0 + k);         a[0] = _mm256_fmadd_ps(u, x, a[0]); c[0] = _mm256_fmadd_ps(v, x, c[0]);
+                    x = _mm256_loadu_ps(x0 + K + k);     a[1] = _mm256_fmadd_ps(u, x, a[1]); c[1] = _mm256_fmadd_ps(v, x, c[1]);
+                    x = _mm256_loadu_ps(x0 + 2 * K + k); a[2] = _mm256_fmadd_ps(u, x, a[2]); c[2] = _mm256_fmadd_ps(v, x, c[2]);
+                    x = _mm256_loadu_ps(x0 + 3 * K + k); a[3] = _mm256_fmadd_ps(u, x, a[3]); c[3] = _mm256_fmadd_ps(v, x, c[3]);
                 }
             else
                 for (k = 0; k < K; k += 8) {
-                    const __m256 w = _mm256_loadu_ps(wrow + k);
-                    for (mm = 0; mm < nm; mm++) acc[mm] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x0 + mm * K + k), acc[mm]);
+                    const __m256 u = _mm256_loadu_ps(w0 + k), v = _mm256_loadu_ps(w1 + k);
+                    for (mm = 0; mm < nm; mm++) {
+                        const __m256 x = _mm256_loadu_ps(x0 + mm * K + k);
+                        a[mm] = _mm256_fmadd_ps(u, x, a[mm]);
+                        c[mm] = _mm256_fmadd_ps(v, x, c[mm]);
+                    }
                 }
-            for (mm = 0; mm < nm; mm++) j->y[(m + mm) * N + n] = hsum8(acc[mm]);
+            for (mm = 0; mm < nm; mm++) {
+                j->y[(m + mm) * N + n] = hsum8(a[mm]);
+                j->y[(m + mm) * N + n + 1] = hsum8(c[mm]);
+            }
+        }
+    }
+    for (; n < j->n1; n++) { /* an odd last row */
+        form_row(j, n, w0);
+        for (m = 0; m < M; m++) {
+            const float *xr = j->x + m * K;
+            __m256 a0 = _mm256_setzero_ps();
+            for (k = 0; k < K; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), _mm256_loadu_ps(xr + k), a0);
+            j->y[m * N + n] = hsum8(a0);
         }
     }
 }
@@ -377,7 +404,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     use_row1 = level == LVL_AVX2 && M == 1 && (kind != K_NIB4 || (g % 16 == 0 && K % 32 == 0));
     use_rows = level == LVL_AVX2 && !use_row1;
     if (use_rows) {
-        wrow = (float *)PyMem_RawMalloc((size_t)K * sizeof(float));
+        wrow = (float *)PyMem_RawMalloc((size_t)K * 2 * sizeof(float));
         if (!wrow) {
             PyErr_NoMemory();
             FAIL(NULL);
