@@ -7,8 +7,14 @@ given extra members; tensor entries re-typed, re-shaped, renamed; payload bytes 
 over the corpus's valid single-file inputs and tests/test_errors.py's seeds.  For each mutant:
 
 - ``numpy`` (``qformat.load_file``) is the reference: it decodes or refuses with a code;
-- the other readers (``torch``, ``jax``; ``js`` through ``qformat-read.mjs --batch``) must do
-  the same: the same code, or the same tensors bit for bit (NaN by class);
+- the other readers (``torch``, ``jax`` with its jitted decoder; ``js`` through
+  ``qformat-read.mjs --batch``) must do the same: the same code, or the same tensors bit for bit
+  (NaN by class);
+- ``qlinear``: every 2-D quantized tensor of a file the reference decodes becomes a torch
+  ``QLinear`` (its default path: a native matmul kernel where one maps, qformat's own included)
+  and its output on seeded activations must stay within ``qformat_torch.kernels.error_bound`` of
+  the float64 product with the reference's decoded weight (and be NaN exactly where that is);
+  a refusal must carry the reference's code;
 - every command (``convert``, ``dequantize``, ``export:<target>`` for each registered export
   target, ``diff``, ``inspect``, ``check``) must succeed or refuse with a QFormatError, and when
   ``qformat check`` refuses the file, the commands that read payload (convert, dequantize,
@@ -78,7 +84,51 @@ def _torch(path: Path) -> dict[str, np.ndarray]:
 def _jax(path: Path) -> dict[str, np.ndarray]:
     import qformat.jax as qj
 
-    return {k: np.asarray(v) for k, v in qj.load_file(path).items()}
+    # the jitted jax.numpy decoder: on a CPU device the default decodes with the NumPy path's
+    # kernel, which would make this no second reader
+    return {k: np.asarray(v) for k, v in qj.load_file(path, decoder="jax").items()}
+
+
+def _qlinear(path: Path, ref: dict[str, np.ndarray]) -> str | None:
+    """The file's 2-D quantized tensors through QLinear's default forward (see the module doc):
+    None, or a finding.  Raises QFormatError where loading refuses."""
+    import torch
+
+    import qformat.torch as qt
+    from qformat_torch import kernels
+    from qformat_torch.nn import QLinear
+
+    gen = torch.Generator().manual_seed(0)
+    with qt.safe_open(path) as f:
+        for name in f.keys():
+            if not f.is_quantized(name) or len(f.shape(name)) != 2 or 0 in f.shape(name):
+                continue
+            w = np.asarray(ref[name], np.float64)
+            layer = QLinear(f.get_qtensor(name), None)
+            for dt in (torch.float32, torch.bfloat16):
+                x = torch.randn(3, w.shape[1], generator=gen).to(dt)
+                with torch.no_grad():
+                    y = layer(x).double().numpy()
+                xd = x.double().numpy()
+                with np.errstate(all="ignore"):
+                    want = xd @ w.T
+                    bound = kernels.error_bound(torch.from_numpy(want), torch.from_numpy(np.abs(xd) @ np.abs(w).T), w.shape[1], dt,
+                                                layer._native.roundings if layer._native is not None else 0).numpy()
+                nan = ~np.isfinite(want)
+                # where |x| @ |W| reaches the output dtype's range, a sum may overflow in binary32
+                # (or the output rounds to infinity) although the float64 product is finite
+                with np.errstate(all="ignore"):
+                    may_overflow = ~(np.abs(xd) @ np.abs(w).T < float(torch.finfo(dt).max) / 2)
+                inf_y = ~np.isfinite(y)
+                if np.any(nan & ~inf_y) or np.any(inf_y & ~nan & ~may_overflow):
+                    return f"differs: {name} ({layer.kernel_path}, {dt}): non-finite outputs where the exact product is finite or not"
+                # plus an absolute term: BLAS kernels may flush subnormal weights, products and sums
+                # to zero (FTZ/DAZ), each worth less than the smallest normal binary32 value
+                bound = bound + (np.abs(xd).sum(1)[:, None] + 2) * 2.0**-126
+                fin = ~nan & ~inf_y
+                if not np.all(np.abs(y - want)[fin] <= bound[fin]):
+                    return f"differs: {name} ({layer.kernel_path}, {dt}): outside the error bound"
+    return None
 
 
 def _f4_unpaired(arrays: dict[str, np.ndarray]) -> bool:
@@ -91,6 +141,18 @@ def _f4_unpaired(arrays: dict[str, np.ndarray]) -> bool:
 
 
 READERS: dict[str, Callable[[Path], dict[str, np.ndarray]]] = {"numpy": _numpy, "torch": _torch, "jax": _jax}
+
+
+def _qlinear_refuses(path: Path) -> None:
+    """A file the reference refuses: opening it for QLinear must refuse too (with its code)."""
+    import qformat.torch as qt
+    from qformat_torch.nn import QLinear
+
+    with qt.safe_open(path) as f:
+        for name in f.keys():
+            if f.is_quantized(name) and len(f.shape(name)) == 2:
+                QLinear(f.get_qtensor(name), None)
+    qt.load_file(path)  # the reference refused: reading every tensor refuses too (its code)
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -141,7 +203,7 @@ def commands() -> dict[str, tuple[Callable[[Path, Path], Any], bool]]:
 
 
 def all_targets() -> list[str]:
-    return [*READERS, "js", *commands()]
+    return [*READERS, "qlinear", "js", *commands()]
 
 
 # -- the stream -------------------------------------------------------------------------------
@@ -235,6 +297,17 @@ def run_one(label: str, data: bytes, targets: list[str], work: Path, totals: Tot
             if diff:
                 finding = f"differs: {diff}"
         totals.add(name, out, finding, label)
+    if "qlinear" in targets:
+        k, got = _timed(lambda: _qlinear(src, ref) if kind == "ok" else _qlinear_refuses(src))
+        out = ("valid" if kind == "ok" else "refused") if k == "ok" else (got if k == "code" else k)
+        finding = None
+        if k in ("crash", "hang"):
+            finding = f"{k}: {got}"
+        elif k == "ok" and got is not None:
+            finding = got
+        elif k == "code" and kind == "ok":  # a refused file may be refused per tensor, with that tensor's code (§1.4)
+            finding = f"differs: numpy decodes, qlinear {got}"
+        totals.add("qlinear", out, finding, label)
     if "js" in targets and js_jobs is not None:
         keep = work / f"js-{len(js_jobs)}.safetensors"
         shutil.copyfile(src, keep)

@@ -17,7 +17,7 @@ SEED = 20261204
 def _targets(with_jax: bool) -> list[str]:
     out = [t for t in fuzz.all_targets() if t != "jax" or with_jax]
     missing = []
-    for mod, names in (("torch", ["torch"]), ("jax", ["jax"])):
+    for mod, names in (("torch", ["torch", "qlinear"]), ("jax", ["jax"])):
         try:
             __import__(mod)
         except ImportError:

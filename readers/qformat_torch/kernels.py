@@ -498,13 +498,6 @@ class LutGrouped(KernelPath):
     def prepare(self, desc: Descriptor, comps: dict[str, torch.Tensor], policy: str = "native") -> Prepared | None:
         n, k = desc.shape
         g, found = _kernel_group(desc)  # type: ignore[misc]
-        rel, other = [], []
-        if desc.dtype == "bfloat16":
-            rel.append("the logical dtype bfloat16 rounds each weight, the kernel does not")
-        elif desc.dtype == "float16":
-            other.append("the logical dtype float16 rounds each weight (possibly to a subnormal), the kernel does not")
-        if not _allowed(policy, rel, other):
-            return None
         src = TensorSource(comps, torch.device("cpu"))
         table, valid = element_table(desc, numpy_view(src))
         table = np.asarray(table, np.float32)
@@ -512,8 +505,6 @@ class LutGrouped(KernelPath):
         nib = bits <= 4
         lut = np.zeros(16 if nib else 256, np.float32)
         lut[:valid] = table[:valid]
-        codes = self._codes(desc, comps, nib)
-        kind = "nib4" if nib else self._byte_kind(lut[:valid], valid, codes)
         params = {}
         for role, (prm, bn, bk) in zip([r for r in ("zero", "scale", "bias") if getattr(desc, r) is not None], found):
             grid = _grid(desc, prm, comps).to(torch.float32).reshape(-(-n // bn), -(-k // bk))
@@ -522,9 +513,65 @@ class LutGrouped(KernelPath):
             params[role] = grid[rows][:, cols].contiguous()
             if role == "bias" and prm.op == "subtract":
                 params[role].neg_()  # x - b and x + (-b) are the same binary32 operation
+        rel, other = self._logical_rounding(desc.dtype, lut[:valid], params, nib)
+        if not _allowed(policy, rel, other):
+            return None
+        codes = self._codes(desc, comps, nib)
+        kind = "nib4" if nib else self._byte_kind(lut[:valid], valid, codes)
         why = rel + other
         t = {"codes": codes, "table": torch.from_numpy(lut), **params}
         return Prepared(self, t, torch.float32, not why, "; ".join(why), len(rel), meta={"group": g, "kind": kind})
+
+    #: The logical dtypes' normal range: a weight in it rounds with a relative error of at most
+    #: one unit roundoff (the error_bound's weight rounding); outside it the rounding is absolute
+    #: (subnormals) or an overflow to infinity.
+    NORMAL = {"bfloat16": (2.0**-126, 3.3895313892515355e38), "float16": (2.0**-14, 65504.0)}
+
+    @classmethod
+    def _logical_rounding(cls, dtype: str, values: np.ndarray, params: dict[str, torch.Tensor], nib: bool) -> tuple[list[str], list[str]]:
+        """(relative roundings, other roundings) between the kernel's binary32 weights and the
+        decoded ones, which the logical dtype rounds: relative where every nonzero finite weight
+        the codes and parameters can form lies in the dtype's normal range (proved from the
+        table and the parameters: the product of the extremes without a zero point or bias; with
+        one, every group's 16 candidate weights for 4-bit codes; 8-bit codes with a zero point
+        or bias are not proved), else other."""
+        if dtype not in cls.NORMAL:
+            return [], []  # float32: the kernel's weight is the decoded weight
+        lo_ok, hi_ok = cls.NORMAL[dtype]
+        v = values.astype(np.float64)
+        v = v[np.isfinite(v)]
+        if "zero" not in params and "bias" not in params:
+            s = params["scale"].double().abs().numpy() if "scale" in params else np.ones(1)
+            s = s[np.isfinite(s)]
+            nz_v, nz_s = np.abs(v[v != 0]), s[s != 0]
+            if not nz_v.size or not nz_s.size:
+                return [f"the logical dtype {dtype} rounds each weight, the kernel does not"], []
+            lo, hi = float(nz_v.min() * nz_s.min()), float(nz_v.max() * nz_s.max())
+        elif nib:
+            lo, hi = np.inf, 0.0
+            z = params.get("zero")
+            sc = params.get("scale")
+            b = params.get("bias")
+            rows = params[next(iter(params))].shape[0]
+            step = max(1, (1 << 18) // max(1, params[next(iter(params))].shape[1]))
+            t = torch.from_numpy(values.astype(np.float32))
+            for a in range(0, rows, step):  # the kernel's own binary32 steps, per group
+                w = t.expand(*params[next(iter(params))][a:a + step].shape, t.numel()).clone()
+                if z is not None:
+                    w = w - z[a:a + step, :, None]
+                if sc is not None:
+                    w = w * sc[a:a + step, :, None]
+                if b is not None:
+                    w = w + b[a:a + step, :, None]
+                w = w.abs()[torch.isfinite(w)]
+                w = w[w != 0]
+                if w.numel():
+                    lo, hi = min(lo, float(w.min())), max(hi, float(w.max()))
+        else:
+            return [], [f"the logical dtype {dtype} rounds each weight; with a zero point or bias on 8-bit codes its range is not proved"]
+        if lo < lo_ok or hi > hi_ok:
+            return [], [f"the logical dtype {dtype} rounds weights outside its normal range (subnormal or overflowing): an absolute rounding"]
+        return [f"the logical dtype {dtype} rounds each weight, the kernel does not"], []
 
     @staticmethod
     def _codes(desc: Descriptor, comps: dict[str, torch.Tensor], nib: bool) -> torch.Tensor:

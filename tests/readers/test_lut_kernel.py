@@ -205,3 +205,25 @@ def test_the_raw_kernel_checks_every_size(bad: dict, msg: str) -> None:
     a.update(bad)
     with pytest.raises(ValueError, match=msg):
         _matmul.matmul(a["x"], 1, 64, a["codes"], 4, 0, a["table"], a["g"], None, a["scale"], None, a["out"], *a["rows"], 0)
+
+
+def test_weights_outside_the_logical_normal_range_are_not_taken_by_default() -> None:
+    """A bfloat16 logical dtype rounds a subnormal weight with an absolute error, which the
+    relative bound does not cover (found by the fuzz run): with scales that make weights
+    subnormal the default policy decodes, "native" still takes the kernel; a zero point (4-bit)
+    is proved per group the same way."""
+    from qformat_torch.qtensor import TorchQTensor
+
+    w = (np.random.default_rng(0).standard_normal((N, K)) * 0.05).astype(np.float32)
+    for params in ({}, {"symmetric": False}):
+        q = qformat.quantize(w, "int", bits=4, group_size=32, dtype="bfloat16", **params)
+        comps = dict(q.components)
+        ok = QLinear(TorchQTensor.from_qtensor(qformat.QTensor(q.descriptor, comps), torch.device("cpu")), None)
+        assert ok.kernel_path in ("lut_grouped", "int4_grouped")
+        tiny = dict(comps, scale=(comps["scale"].astype(np.float32) * np.float32(2.0**-122)).astype(comps["scale"].dtype))
+        layer = QLinear(TorchQTensor.from_qtensor(qformat.QTensor(q.descriptor, tiny), torch.device("cpu")), None)
+        assert layer.kernel_path not in ("lut_grouped",)  # the default policy: decode (or torch's kernel where it maps)
+        d, c = layer._parsed, layer.component_tensors()
+        assert kernels.LutGrouped().prepare(d, c, "auto") is None
+        p = kernels.LutGrouped().prepare(d, c, "native")
+        assert p is not None and not p.exact and "normal range" in p.why
