@@ -43,7 +43,7 @@ def host_decodes(device: Any, decoder: str = "auto") -> bool:
     :data:`DECODERS`): on a CPU device the jitted decoder is 3-10x slower than the kernel
     (bench ``decode``), and the host's memory is the device's."""
     if decoder not in DECODERS:
-        raise error("ENCODE_PARAM_INVALID", f"decoder must be one of {', '.join(DECODERS)}, found {decoder!r}", field="decoder")
+        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, found {decoder!r}")  # an API misuse, as set_kernel_policy's
     from qformat import kernels
 
     return decoder == "auto" and kernels.enabled() and _platforms(device) == {"cpu"}
@@ -246,6 +246,8 @@ def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, pa
     ``verify``: check the digests a 1.2 file records (SPEC.md §3.8) of each tensor's stored bytes
     before it is read (DIGEST_MISMATCH, DIGEST_UNSUPPORTED).
     """
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, found {decoder!r}")
     if is_index(path):
         return load_checkpoint(path, sharding=sharding, packed=packed, device=device, exact=exact, read_log=read_log, verify=verify,
                                decoder=decoder)
