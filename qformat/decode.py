@@ -283,8 +283,6 @@ def round_to_logical(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -
     return out
 
 
-
-
 def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: str | None = None,
            out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
     """Decode ``region`` (default: everything) to the logical dtype, chunk by chunk.

@@ -131,7 +131,7 @@ except ImportError:  # pragma: no cover - exercised by the fresh-install check w
 
 #: Code kinds of the matmul kernel, as numbered in ``_matmul.c``.
 MATMUL_KINDS = {"nib4": 0, "i8": 1, "u8": 2, "e4m3": 3, "e5m2": 4, "lut8": 5}
-#: Largest group (columns per parameter value) the matmul kernel takes.
+#: Largest group (columns per parameter value) the matmul kernel takes (``MAXG`` in ``_matmul.c``).
 MATMUL_MAX_GROUP = 4096
 
 

@@ -38,12 +38,16 @@ def _platforms(device: Any) -> set[str]:
     return {getattr(device, "platform", "?")}
 
 
+def _check_decoder(decoder: str) -> None:
+    if decoder not in DECODERS:  # an API misuse, a ValueError as set_kernel_policy's
+        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, found {decoder!r}")
+
+
 def host_decodes(device: Any, decoder: str = "auto") -> bool:
     """Whether a tensor bound for ``device`` is decoded on the host by the native kernel (see
     :data:`DECODERS`): on a CPU device the jitted decoder is 3-10x slower than the kernel
     (bench ``decode``), and the host's memory is the device's."""
-    if decoder not in DECODERS:
-        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, found {decoder!r}")  # an API misuse, as set_kernel_policy's
+    _check_decoder(decoder)
     from qformat import kernels
 
     return decoder == "auto" and kernels.enabled() and _platforms(device) == {"cpu"}
@@ -157,13 +161,13 @@ def load_region(f: qformat.io.SafeOpen, name: str, region: Any, device: Any = No
     src = RecordingSource(f.source) if read_log is not None else f.source
     sub, comps = slice_qtensor(desc, src, A)
     sub_desc = Descriptor.from_dict(sub)
-    host = host_components(sub_desc, comps, name)
     cut = None if A == region else tuple((lo - alo, hi - alo) for (lo, hi), (alo, _) in zip(region, A))
     if host_decodes(device, decoder):
         from qformat.sources import ArraySource
 
         out = _host_decode(sub_desc, ArraySource(comps), device, cut, tensor=name)
     else:
+        host = host_components(sub_desc, comps, name)  # only the jitted decoder takes them
         out, ok = jitted(descriptor_json(sub), exact, cut)(jax.device_put(host, device))
         raise_if_bad(ok, name)
     if read_log is not None:
@@ -246,8 +250,7 @@ def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, pa
     ``verify``: check the digests a 1.2 file records (SPEC.md §3.8) of each tensor's stored bytes
     before it is read (DIGEST_MISMATCH, DIGEST_UNSUPPORTED).
     """
-    if decoder not in DECODERS:
-        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, found {decoder!r}")
+    _check_decoder(decoder)
     if is_index(path):
         return load_checkpoint(path, sharding=sharding, packed=packed, device=device, exact=exact, read_log=read_log, verify=verify,
                                decoder=decoder)

@@ -458,10 +458,12 @@ def _kernel_group(desc: Descriptor) -> tuple[int, list[tuple[Any, int, int]]] | 
         widths.append(min(bk, k))
     if not found:
         return None
+    from qformat.kernels import MATMUL_MAX_GROUP
+
     g = min(widths)
-    while g > 4096 and g % 2 == 0:  # a per-row parameter on a very wide row: any divisor works
+    while g > MATMUL_MAX_GROUP and g % 2 == 0:  # a per-row parameter on a very wide row: any divisor works
         g //= 2
-    if g % 8 or k % g or any((w % g and w != k) or (k % w and w != k) for w in widths) or g > 4096:
+    if g % 8 or k % g or any((w % g and w != k) or (k % w and w != k) for w in widths) or g > MATMUL_MAX_GROUP:
         return None
     return g, found
 
@@ -537,6 +539,7 @@ class LutGrouped(KernelPath):
         or bias are not proved), else other."""
         if dtype not in cls.NORMAL:
             return [], []  # float32: the kernel's weight is the decoded weight
+        relative = [f"the logical dtype {dtype} rounds each weight, the kernel does not"]
         lo_ok, hi_ok = cls.NORMAL[dtype]
         v = values.astype(np.float64)
         v = v[np.isfinite(v)]
@@ -545,18 +548,16 @@ class LutGrouped(KernelPath):
             s = s[np.isfinite(s)]
             nz_v, nz_s = np.abs(v[v != 0]), s[s != 0]
             if not nz_v.size or not nz_s.size:
-                return [f"the logical dtype {dtype} rounds each weight, the kernel does not"], []
+                return relative, []
             lo, hi = float(nz_v.min() * nz_s.min()), float(nz_v.max() * nz_s.max())
         elif nib:
             lo, hi = np.inf, 0.0
-            z = params.get("zero")
-            sc = params.get("scale")
-            b = params.get("bias")
-            rows = params[next(iter(params))].shape[0]
-            step = max(1, (1 << 18) // max(1, params[next(iter(params))].shape[1]))
+            z, sc, b = params.get("zero"), params.get("scale"), params.get("bias")
+            rows, groups = next(iter(params.values())).shape
+            step = max(1, (1 << 18) // max(1, groups))
             t = torch.from_numpy(values.astype(np.float32))
-            for a in range(0, rows, step):  # the kernel's own binary32 steps, per group
-                w = t.expand(*params[next(iter(params))][a:a + step].shape, t.numel()).clone()
+            for a in range(0, rows, step):  # the kernel's own binary32 steps, per group (a zero point or bias broadcasts t)
+                w = t
                 if z is not None:
                     w = w - z[a:a + step, :, None]
                 if sc is not None:
@@ -571,7 +572,7 @@ class LutGrouped(KernelPath):
             return [], [f"the logical dtype {dtype} rounds each weight; with a zero point or bias on 8-bit codes its range is not proved"]
         if lo < lo_ok or hi > hi_ok:
             return [], [f"the logical dtype {dtype} rounds weights outside its normal range (subnormal or overflowing): an absolute rounding"]
-        return [f"the logical dtype {dtype} rounds each weight, the kernel does not"], []
+        return relative, []
 
     @staticmethod
     def _codes(desc: Descriptor, comps: dict[str, torch.Tensor], nib: bool) -> torch.Tensor:
