@@ -1,4 +1,4 @@
-"""The native kernels (qformat/kernels/_native.c: decode; _matmul.c: matmul) as optional setuptools extensions.
+"""The native kernels (qformat/kernels/_native.c: decode; _matmul.c: matmul; _ggml.c: GGUF quantizers) as optional setuptools extensions.
 
 Everything else about the package is in pyproject.toml.  Why setuptools (the build backend the
 project already uses) and not scikit-build-core or meson-python: one C file with no dependency
@@ -20,6 +20,7 @@ if sys.platform == "win32":
 else:
     args = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-strict-aliasing", "-fvisibility=hidden"]
 
-# _native: the fused decode; _matmul: QLinear's packed-weight matmul (qformat.kernels.matmul).
+# _native: the fused decode; _matmul: QLinear's packed-weight matmul (qformat.kernels.matmul); _ggml: the GGUF
+# block quantizers (qformat.schemes.gguf).
 setup(ext_modules=[Extension(f"qformat.kernels.{name}", [f"qformat/kernels/{name}.c"], extra_compile_args=args, optional=True)
-                   for name in ("_native", "_matmul")])
+                   for name in ("_native", "_matmul", "_ggml")])

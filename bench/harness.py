@@ -710,11 +710,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="bench/results.json", help="where to write the results")
     ap.add_argument("--only", default="decode,kernels,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
                     help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py; "
-                         "gguf_hf, bench/gguf_hf.py)")
+                         "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py)")
     ap.add_argument("--checkpoint-gb", default="0.5,1,2,4", help="source sizes of the checkpoint section (GiB, comma-separated)")
     ap.add_argument("--llama-gb", type=float, default=1.5, help="size of the llama section's fp16 checkpoint (GiB)")
     ap.add_argument("--gguf-hf-layers", type=int, default=4, help="layers of the gguf_hf section's Llama-shaped GGUF")
     ap.add_argument("--gguf-hf-type", default="Q4_0", help="ggml type of the gguf_hf section's weights (Q4_0, Q8_0, Q4_K, ...)")
+    ap.add_argument("--gguf-quantize-layers", type=int, default=2, help="layers of the gguf_quantize section's Llama-shaped model")
+    ap.add_argument("--gguf-quantize-presets", default="Q4_K_M,Q5_K_M,Q6_K,Q8_0,Q4_0,Q3_K_M",
+                    help="presets of the gguf_quantize section (comma-separated)")
     ap.add_argument("--check-gb", type=float, default=4.0, help="size of the checked file (GiB)")
     ap.add_argument("--tmp", default=None, help="folder for the big temporary files (default: the system's)")
     a = ap.parse_args(argv)
@@ -758,6 +761,10 @@ def main(argv: list[str] | None = None) -> int:
             from .gguf_hf import bench_gguf_hf
 
             bench_gguf_hf(run, tmp, a.gguf_hf_layers, a.gguf_hf_type)
+        if "gguf_quantize" in only:
+            from .gguf_quantize import bench_gguf_quantize
+
+            bench_gguf_quantize(run, tmp, a.gguf_quantize_layers, a.gguf_quantize_presets.split(","))
         if "generate" in only:
             from .generate import bench_generate
 

@@ -60,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--granularity", metavar="G", help="fp8: tensor, channel or block")
     q.add_argument("--dtype", metavar="D", help="the logical dtype (float32, float16, bfloat16); default each tensor's own")
     q.add_argument("--recipe", metavar="FILE", help="a TOML recipe of ordered rules (see README, 'Quantizing a checkpoint')")
+    q.add_argument("--type", metavar="T", help="gguf: the llama.cpp block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)")
+    q.add_argument("--preset", metavar="P", help="llama-quantize's mix for this model: Q4_K_M, Q5_K_M, Q3_K_M, Q4_K_S, Q6_K, Q8_0, ... "
+                   "(a recipe of scheme gguf; instead of --scheme and --recipe)")
+    q.add_argument("--save-recipe", metavar="FILE", help="with --preset: also write the recipe the preset gives this checkpoint "
+                   "(TOML, editable, for --recipe)")
     q.add_argument("--max-shard-size", metavar="SIZE", help="shard the output, e.g. 5GB or 500MB (default: the source's files)")
     q.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     q.add_argument("--strict", action="store_true", help="refuse (QUANTIZE_PARTIAL_GROUPS) a group or block size that leaves "
@@ -329,7 +334,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
     params: dict[str, object] = {}
     for key, value in (("bits", args.bits), ("scale_dtype", args.scale_dtype), ("granularity", args.granularity), ("dtype", args.dtype),
-                       ("values", args.values)):
+                       ("values", args.values), ("type", args.type)):
         if value is not None:
             params[key] = value
     for key in ("group_size", "block_size"):  # given (None for "none") or absent (the scheme's default)
@@ -339,17 +344,31 @@ def _quantize(args: argparse.Namespace) -> int:
         params["symmetric"] = False
     if args.double_quant:
         params["double_quant"] = True
-    if args.scheme is None and args.recipe is None:
-        print("qformat: error: quantize needs --scheme or --recipe", file=sys.stderr)
+    if args.preset is not None and (args.scheme is not None or args.recipe is not None or params):
+        print("qformat: error: --preset is a whole recipe; give it without --scheme, --recipe or scheme options", file=sys.stderr)
+        return 2
+    if args.save_recipe is not None and args.preset is None:
+        print("qformat: error: --save-recipe goes with --preset", file=sys.stderr)
+        return 2
+    if args.scheme is None and args.recipe is None and args.preset is None:
+        print("qformat: error: quantize needs --scheme, --recipe or --preset", file=sys.stderr)
         return 2
     if args.scheme is None and params:
         print(f"qformat: error: scheme options ({', '.join(sorted(params))}) need --scheme (in a recipe, put them in its rules)", file=sys.stderr)
         return 2
 
     def job() -> int:
+        if args.save_recipe is not None:
+            from . import gguf_presets
+            from .atomic import atomic_write
+            from .checkpoint.quantize import preset_recipe
+
+            text = gguf_presets.recipe_toml(preset_recipe(args.src, args.preset))
+            with atomic_write(args.save_recipe, "w", encoding="utf-8") as f:
+                f.write(text)
         s = quantize_checkpoint(args.src, args.dst, scheme=args.scheme, recipe=args.recipe, max_shard_size=args.max_shard_size,
                                 overwrite=args.overwrite, progress=None if (args.quiet or args.json) else sys.stderr,
-                                notice=stderr_notice, strict=args.strict, **params)
+                                notice=stderr_notice, strict=args.strict, preset=args.preset, **params)
         if args.json:
             print(json.dumps(s.to_dict(), indent=2))
         else:

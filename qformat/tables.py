@@ -77,6 +77,12 @@ def schemes() -> dict[str, dict[str, Any]]:
 
 
 @lru_cache(maxsize=None)
+def gguf_presets() -> dict[str, dict[str, Any]]:
+    """llama-quantize preset -> {ftype, type, per-category rules} (qformat.gguf_presets)."""
+    return _load("tables/gguf_presets.json")
+
+
+@lru_cache(maxsize=None)
 def schema() -> dict[str, Any]:
     """The JSON Schema of the qformat metadata object (this major version)."""
     return _load("schema/qformat-1.0.schema.json")

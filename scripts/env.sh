@@ -27,13 +27,13 @@ if [ ! -f "$STAMP" ]; then
   touch "$STAMP"
   echo "[setup] done" >&2
 fi
-# The native kernels (qformat/kernels/_native.c: decode, _matmul.c: matmul; optional extensions
+# The native kernels (qformat/kernels/_native.c: decode, _matmul.c: matmul, _ggml.c: GGUF quantizers; optional extensions
 # that pip's editable install builds in place): rebuilt here when a source or setup.py is newer
 # than its built module, so a changed kernel never runs stale.  A failed build only warns:
 # qformat then decodes with its NumPy path and QLinear decodes per forward
 # (qformat.kernels.info() says which).
 STALE=""
-for NAME in _native _matmul; do
+for NAME in _native _matmul _ggml; do
   SO="$(ls "$ROOT"/qformat/kernels/$NAME.*.so 2>/dev/null | head -n1 || true)"
   if [ -z "$SO" ] || [ "$ROOT/qformat/kernels/$NAME.c" -nt "$SO" ] || [ "$ROOT/setup.py" -nt "$SO" ]; then STALE=1; fi
 done

@@ -286,9 +286,10 @@ def model_warnings(log: list[dict]) -> list[str]:
     return [w for w in warnings(log) if not any(p.search(w) for p in NOT_ABOUT_THE_MODEL)]
 
 
-def quantize(src: Path, dst: Path, qtype: str) -> Path:
-    """``llama-quantize src dst TYPE`` (e.g. Q4_0, Q8_0, Q4_K_M): a GGUF llama.cpp quantized."""
-    run([tool("llama-quantize"), src, dst, qtype, str(THREADS)], timeout=TOOL_TIMEOUT_S)
+def quantize(src: Path, dst: Path, qtype: str, *options: str) -> Path:
+    """``llama-quantize [options] src dst TYPE`` (e.g. Q4_0, Q8_0, Q4_K_M; options such as
+    ``--pure``): a GGUF llama.cpp quantized."""
+    run([tool("llama-quantize"), *options, src, dst, qtype, str(THREADS)], timeout=TOOL_TIMEOUT_S)
     return Path(dst)
 
 

@@ -40,6 +40,19 @@ def test_bench_quick_runs_every_section(tmp_path, capsys):
     assert "[targets]" in capsys.readouterr().out
 
 
+def test_bench_gguf_quantize_section(tmp_path, capsys):
+    """The llama-quantize comparison in --quick form: one preset on a one-layer model, its
+    tensors checked equal, or the section says it is skipped where llama.cpp is not built."""
+    out = tmp_path / "r.json"
+    assert main(["--quick", "--only", "gguf_quantize", "--json", str(out), "--tmp", str(tmp_path)]) == 0
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["section"] == "gguf_quantize"]
+    printed = capsys.readouterr().out
+    if "[gguf_quantize] skipped" in printed:
+        assert rows == []
+        return
+    assert len(rows) == 1 and rows[0]["tensors_checked_equal"] >= 5 and rows[0]["x_llama_quantize"] > 0
+
+
 # -- the fast paths the benchmark measures give the reference's bits -------------------------------
 # Each fast path (per-byte tables for `planes`, integer bfloat16 rounding, the torch chunked
 # decoder with its worker threads) is compared with the general path it replaces, which the

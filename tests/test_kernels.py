@@ -248,7 +248,7 @@ def test_without_the_extensions_everything_takes_the_numpy_paths(tmp_path):
 import sys, importlib.abc
 class NoExtensions(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name in ("qformat.kernels._native", "qformat.kernels._matmul"):
+        if name in ("qformat.kernels._native", "qformat.kernels._matmul", "qformat.kernels._ggml"):
             raise ImportError(f"No module named {name!r}")
         return None
 sys.meta_path.insert(0, NoExtensions())
@@ -266,6 +266,11 @@ for scheme, kw in (("nf4", {}), ("int", {"bits": 4, "group_size": 32})):
         y = ql(x)
         assert torch.equal(y, torch.nn.functional.linear(x, ql.dequantize_weight(), lin.bias)), scheme
 assert not qformat_jax.host_decodes(jax.devices("cpu")[0])
+assert not kernels.ggml_available()
+from qformat.schemes.ggml_blocks import quantize_blocks
+x = np.random.default_rng(0).standard_normal((4, 512)).astype(np.float32)
+q = qformat.quantize(x, "gguf", type="Q4_K")
+assert q.dequantize().shape == (4, 512)
 print("ok")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -440,6 +445,49 @@ for kind in kinds:
                     runs += 1
 print("runs", runs)
 """
+
+
+_SANITIZED_GGML = """
+import importlib.util, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("qformat.kernels._ggml", sys.argv[1])
+gg = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gg)
+from qformat.schemes.ggml_blocks import SIZES, TYPES, quantize_blocks
+rng = np.random.default_rng(0)
+rows = [rng.standard_normal(512), np.zeros(512), np.full(512, 0.25), rng.standard_normal(512) * 1e-39,
+        rng.standard_normal(512) * 1e-30, rng.uniform(0, 1, 512), -rng.uniform(0, 1, 512), rng.standard_t(1.2, 512),
+        rng.integers(-4, 4, 512).astype(float), rng.standard_normal(512) * 3e3]
+x = np.concatenate(rows).astype(np.float32)
+levels = [0, 1] + ([2] if gg.best_level() == 2 else [])
+runs = 0
+for t in TYPES:
+    want = quantize_blocks(x.reshape(-1, SIZES[t][0]), t).reshape(-1)
+    for lv in levels:
+        out = np.empty(want.size, np.uint8)
+        gg.quantize(t, x, out, lv)
+        assert np.array_equal(out, want), (t, lv)
+        runs += 1
+for bad in ((x[:33], np.empty(18, np.uint8)), (x[:32], np.empty(17, np.uint8))):
+    try:
+        gg.quantize("Q4_0", *bad)
+        raise AssertionError("accepted")
+    except ValueError:
+        pass
+print("runs", runs)
+"""
+
+
+@native
+def test_sanitized_ggml_quantizers(tmp_path):
+    """qformat/kernels/_ggml.c built with -fsanitize=address,undefined: every type on every
+    level (scalar, baseline lanes, AVX2 lanes where the CPU has it) on awkward rows (zeros,
+    constants, subnormal and tiny blocks, one sign, heavy tails, integers), each equal to the
+    NumPy reference byte for byte, and sizes that are not whole blocks refused."""
+    so, env = _sanitized_build("_ggml", tmp_path)
+    r = subprocess.run([sys.executable, "-c", _SANITIZED_GGML, str(so)], env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0 and "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-4000:]
+    assert r.stdout.startswith("runs"), r.stdout
 
 
 @native

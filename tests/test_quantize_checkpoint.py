@@ -324,7 +324,7 @@ def test_cli(tmp_path):
     r = _cli("quantize", str(tmp_path / "out"), str(tmp_path / "o3"), "--scheme", "nf4")
     assert r.returncode == 2 and "QUANTIZE_SOURCE_QUANTIZED" in r.stderr
     r = _cli("quantize", str(tmp_path / "src"), str(tmp_path / "o4"))
-    assert r.returncode == 2 and "--scheme or --recipe" in r.stderr
+    assert r.returncode == 2 and "--scheme, --recipe or --preset" in r.stderr
     r = _cli("dequantize", str(tmp_path / "out"), str(tmp_path / "deq"))
     assert r.returncode == 0 and "dequantized 14 tensors" in r.stdout
     assert _cli("check", str(tmp_path / "deq" / "model.safetensors")).returncode == 0

@@ -25,6 +25,8 @@ from qformat.errors import QFormatError
 from qformat.packing import Packing, unpack_rows
 from qformat.schemes import get, ids, quantize
 
+from qformat.schemes.ggml_blocks import SIZES as GGUF_SIZES, TYPES as GGUF_TYPES
+
 from .strategies import float_arrays
 
 CB16 = [-1.5, -1.0, -0.7, -0.45, -0.3, -0.2, -0.1, -0.03, 0.0, 0.05, 0.12, 0.25, 0.4, 0.6, 0.9, 1.25]
@@ -63,6 +65,10 @@ CONFIGS: dict[str, tuple[str, dict[str, Any], float]] = {
     "codebook-noscale": ("codebook", {"values": CB16, "block_size": None}, 1.0),
     "codebook-1": ("codebook", {"values": [0.5]}, 1e30),
     "codebook-3-b5": ("codebook", {"values": [3.0, -2.0, 0.1], "block_size": 5}, 1e30),
+    # llama.cpp's types: their F16 block parameters overflow beyond about 1e5 (K-quants) to
+    # 5e5 (Q4_0), so the strategy stays at 1e4 (tests/test_gguf_scheme.py covers the overflow).
+    **{f"gguf-{t}": ("gguf", {"type": t}, 1e4) for t in GGUF_TYPES},
+    "gguf-Q4_K-bf16": ("gguf", {"type": "Q4_K", "dtype": "bfloat16"}, 1e4),
 }
 
 SHAPES = [(1,), (5,), (33,), (1, 1), (7, 45), (3, 5, 17), (2, 3, 4, 19), (), (0,), (4, 0), (0, 3)]
@@ -77,9 +83,28 @@ def _input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     return x.astype(np.float32)
 
 
+def _row_block(cfg: str) -> int | None:
+    """The block a configuration's rows must be whole multiples of (gguf), else None."""
+    scheme, params, _ = CONFIGS[cfg]
+    return GGUF_SIZES[params["type"]][0] if scheme == "gguf" else None
+
+
+def _fit(cfg: str, x: np.ndarray) -> np.ndarray:
+    """``x`` as a configuration takes it: for gguf, the last axis widened to the next multiple
+    of the block by repeating its values (a scalar becomes one row).  Every other length is
+    refused, which tests/test_gguf_scheme.py checks; here gguf meets every shape's other axes."""
+    b = _row_block(cfg)
+    if b is None:
+        return x
+    x = x.reshape(1) if x.ndim == 0 else x
+    n = x.shape[-1]
+    want = -(-n // b) * b
+    return x if want == n else np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, want - n)], mode="wrap")
+
+
 def _encode(cfg: str, x: np.ndarray) -> QTensor:
     scheme, params, _ = CONFIGS[cfg]
-    return quantize(x, scheme, **params)
+    return quantize(_fit(cfg, x), scheme, **params)
 
 
 def _references(desc: dict[str, Any]) -> list[str]:
@@ -114,13 +139,18 @@ def test_encoder_signature_matches_table(scheme: str) -> None:
 @pytest.mark.parametrize("cfg", list(CONFIGS))
 def test_descriptor_and_decode(cfg: str, shape: tuple[int, ...]) -> None:
     scheme, params, _ = CONFIGS[cfg]
-    x = _input(shape)
+    x = _fit(cfg, _input(shape))
+    shape = x.shape
     qt = quantize(x, scheme, **params)
     desc = qt.descriptor
     jsonschema.Draft202012Validator(tables.schema()).validate({"version": "1.0", "tensors": {"w": desc}})
     assert desc["scheme"] == scheme
     assert desc["shape"] == list(shape)
     assert desc["codes"]["packing"] == {"container": 8, "bit_order": "lsb_first", "axis": len(shape) - 1 if shape else None}
+    if scheme == "gguf":  # the nested K-quant scales are packed the same way
+        for role in ("scale", "bias"):
+            if "encoded" in desc.get(role, {}):
+                assert desc[role]["encoded"]["codes"]["packing"] == desc["codes"]["packing"]
     refs = _references(desc)
     assert sorted(refs) == sorted(qt.components), "every component referenced exactly once"
     want = np.dtype(params.get("dtype", "float32")) if params.get("dtype") != "bfloat16" else np.dtype(ml_dtypes.bfloat16)
@@ -251,8 +281,40 @@ def _bound_codebook(qt: QTensor, x: np.ndarray, params: dict[str, Any]) -> np.nd
     return np.min(np.abs(dec - x[..., None]), axis=-1, initial=np.inf)
 
 
+def _bound_gguf(qt: QTensor, x: np.ndarray, params: dict[str, Any]) -> np.ndarray:
+    """The distance from x to the nearest value the block can decode to (codes times the
+    element's scale, plus or minus its bias), plus what choosing the code differently allows:
+    K-quants pick the nearest code of the stored (F16-derived) scale and minimum, up to the
+    binary32 rounding of (x + m) / s; the 32-element types pick it with the binary32 scale
+    before its F16 rounding (relative 2^-11, or 2^-25 absolute where F16 is subnormal), so the
+    chosen code may decode up to twice that times qmax (and the minimum's) farther than the
+    nearest one."""
+    desc = qt.descriptor
+    s = _per_element(qt, "scale")
+    b = _per_element(qt, "bias") if "bias" in desc else np.zeros(x.shape)
+    sign = -1.0 if desc.get("bias", {}).get("op") == "subtract" else 1.0
+    el = desc["codes"]["element"]
+    bits = el["bits"]
+    lo, hi = {"unsigned": (0, 2**bits - 1), "twos_complement": (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1),
+              "offset_binary": (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)}[el["signedness"]]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.clip(np.rint(np.where(s != 0, (x - sign * b) / np.where(s != 0, s, 1.0), 0.0)), lo, hi)
+    near = np.full(x.shape, np.inf)
+    for dq in (-1, 0, 1):  # the nearest code is the rounded one or a neighbour (float64 rounding)
+        qq = np.clip(q + dq, lo, hi)
+        near = np.minimum(near, np.abs((qq * s).astype(np.float32).astype(np.float64) + sign * b - x))
+    qmax = max(abs(lo), abs(hi))
+    if params["type"].endswith("_K"):
+        allow = (np.abs(x) + np.abs(b)) * 2.0**-20
+    else:  # F16 rounds the scale by at most max(|s| 2^-11, 2^-25) (its subnormal step is 2^-24)
+        allow = 2 * qmax * (np.abs(s) * 2.0**-11 + 2.0**-25) + 2 * (np.abs(b) * 2.0**-11 + 2.0**-25) + np.abs(x) * 2.0**-20
+    return near + allow
+
+
 def _bound(cfg: str, qt: QTensor, x: np.ndarray) -> np.ndarray:
     scheme, params, _ = CONFIGS[cfg]
+    if scheme == "gguf":
+        return _bound_gguf(qt, x, params)
     if scheme == "int":
         return _bound_int(qt, x, params)
     if scheme == "nf4":
@@ -271,6 +333,7 @@ def _bound(cfg: str, qt: QTensor, x: np.ndarray) -> np.ndarray:
 
 
 def _check_bound(cfg: str, x: np.ndarray) -> None:
+    x = _fit(cfg, x)
     qt = _encode(cfg, x)
     x64 = x.astype(np.float64)
     d = qt.dequantize().astype(np.float64)
@@ -325,8 +388,9 @@ def test_error_bound_at_dtype_extremes(cfg: str, case: str, monkeypatch: pytest.
     for x in (base, base[::-1].copy(), np.tile(base, 40)):
         try:
             _check_bound(cfg, x)
-        except QFormatError as e:  # float16 scales cannot hold max / 7
-            assert scheme == "int" and e.code == "ENCODE_PARAM_INVALID" and "scale_dtype" in str(e)
+        except QFormatError as e:  # float16 scales cannot hold max / 7 (int) or the block's F16 parameters overflow (gguf)
+            assert (scheme == "int" and e.code == "ENCODE_PARAM_INVALID" and "scale_dtype" in str(e)) or \
+                (scheme == "gguf" and e.code == "ENCODE_INPUT_INVALID" and "overflow" in str(e)), str(e)
 
 
 def test_int_chunking_does_not_change_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -557,6 +621,7 @@ _PLAN_PARAMS = {
     "fp8_e4m3": [{}, {"granularity": "tensor"}, {"granularity": "block", "block_size": [4, 8]}],
     "fp8_e5m2": [{}, {"granularity": "block", "block_size": 16}],
     "codebook": [{"values": [-1.0, 0.0, 0.5, 1.0]}, {"values": list(range(5)), "block_size": None}],
+    "gguf": [{"type": t} for t in GGUF_TYPES],
 }
 
 
@@ -568,6 +633,8 @@ def test_plan_equals_what_the_encoder_writes(scheme, shape, dtype):
     encoding) gives exactly the encoder's descriptor and component dtypes and shapes."""
     from qformat.dtypes import storage_name
 
+    if scheme == "gguf":  # whole super-blocks only
+        shape = shape[:-1] + (-(-shape[-1] // 256) * 256,)
     x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
     for params in _PLAN_PARAMS.get(scheme, [{}]):
         if scheme == "fp8_e4m3" and params.get("granularity") == "block" and len(shape) < 2:

@@ -20,12 +20,12 @@ import numpy as np
 
 from . import output as out_
 from . import writer as checkpoint_writer
-from .. import schemes
+from .. import gguf_presets, schemes
 from .writer import OutFile, OutGroup, OutTensor
 from ..container import TensorSpec
 from ..errors import QFormatError, error
 from ..qtensor import rename_references
-from ..recipe import Choice, Decision, Recipe, choice as make_choice, decide, recipe_error
+from ..recipe import FLOAT_STORAGE, Choice, Decision, Recipe, choice as make_choice, decide, recipe_error
 
 SOURCE_ERROR = "QUANTIZE_SOURCE_QUANTIZED"
 #: The warning (an error with ``strict``) for group or block sizes that leave partial groups.
@@ -261,7 +261,8 @@ def partial_group_warnings(decisions: list[Decision], infos: Mapping[str, Any]) 
 @checkpoint_writer.writing_for("quantize")
 def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str], scheme: str | None = None, recipe: Any = None, *,
                         max_shard_size: int | str | None = None, overwrite: bool = False, progress: TextIO | None = None,
-                        notice: Callable[[str], None] | None = None, strict: bool = False, **params: Any) -> QuantizeSummary:
+                        notice: Callable[[str], None] | None = None, strict: bool = False, preset: str | None = None,
+                        **params: Any) -> QuantizeSummary:
     """Quantize the plain checkpoint ``src`` into a qformat checkpoint at ``dst``.
 
     ``src``: a folder (config.json with model.safetensors or a sharded index), a .safetensors
@@ -273,6 +274,10 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     are carried unchanged (:func:`qformat.checkpoint.output.side_files`) and config.json gets
     qformat's ``quantization_config``.  Nothing is written unless everything succeeds.
 
+    ``preset`` (Q4_K_M, Q5_K_M, ... :mod:`qformat.gguf_presets`) instead of a scheme or recipe:
+    llama-quantize's mix of GGUF types for this checkpoint, as the recipe
+    :func:`preset_recipe` gives; config.json's quantization_config records ``gguf_preset``.
+
     A group or block size that leaves partial groups is a ``QUANTIZE_PARTIAL_GROUPS`` warning
     (in ``summary.warnings`` and through ``notice``, naming the export targets that refuse such
     tensors); with ``strict`` it is that error and nothing is written.
@@ -280,6 +285,15 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     from ..convert.writer import verify_output
 
     ck = open_plain_source(src)
+    if preset is not None:
+        if scheme is not None or recipe is not None or params:
+            raise error("ENCODE_PARAM_INVALID", "a preset is a whole recipe: give --preset alone, without a scheme, its options or --recipe",
+                        field="preset")
+        resolved = resolve_preset(ck, preset)
+        for note in resolved.notes:
+            if notice is not None:
+                notice(f"note: {note}")
+        recipe = gguf_presets.recipe(resolved)
     rec = resolve_recipe(scheme, recipe, params)
     recipe_default = scheme is None
     names = ck.names()
@@ -360,6 +374,8 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
         from ..digests import written_version
 
         qc = {"quant_method": "qformat", "spec_version": written_version(required_version(alld) if alld else "1.0"), **rec.to_dict()}
+        if preset is not None:
+            qc["gguf_preset"] = preset
         summary.recipe = qc
         cfg = ck.config if (os.path.isdir(ck.path) or ck.sharded) else None
         if isinstance(cfg, dict):
@@ -372,6 +388,21 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     finally:
         bar.close()
     return summary
+
+
+def resolve_preset(ck: Any, preset: str) -> "gguf_presets.Resolved":
+    """The per-tensor types of ``preset`` for the opened plain checkpoint ``ck``."""
+    names = ck.names()
+    infos = {n: ck.info(n) for n in names}
+    cfg = ck.config if isinstance(getattr(ck, "config", None), dict) else {}
+    shapes = {n: tuple(i.shape) for n, i in infos.items() if i.dtype in FLOAT_STORAGE}
+    return gguf_presets.resolve(preset, shapes, cfg, gguf_presets.gguf_names(list(shapes), cfg))
+
+
+def preset_recipe(src: str | os.PathLike[str], preset: str) -> "gguf_presets.Resolved":
+    """``preset`` resolved for the plain checkpoint ``src`` (what ``qformat quantize --preset``
+    applies; :func:`qformat.gguf_presets.recipe_toml` writes it as an editable recipe)."""
+    return resolve_preset(open_plain_source(src), preset)
 
 
 def logical_dtype(storage: str, requested: Any = None) -> str:

@@ -240,8 +240,11 @@ def _packed(shape: Any, bits: int, codes: Callable[[], np.ndarray]) -> Component
     return lazy("U8", shape[:-1] + (words,), lambda: pack_canonical(codes(), bits))
 
 
-def _describe(out: Described, t: TensorInfo, raw: Callable[[], np.ndarray]) -> None:
+def _describe(out: Described, t: TensorInfo, raw: Callable[[], np.ndarray] | None) -> None:
     """Add the descriptor and components of one quantized tensor to ``out``.
+
+    ``raw`` None: only the plan (descriptor and component specs) of blocks known to have
+    finite parameters (the ``gguf`` encoder's, which checks that itself).
 
     The descriptor is made now (reading only what it depends on: whether the block scales are
     finite, whether an MXFP4 exponent is 255); every component is produced from the block
@@ -252,6 +255,7 @@ def _describe(out: Described, t: TensorInfo, raw: Callable[[], np.ndarray]) -> N
     lead, K = shape[:-1], shape[-1]
 
     def blocks() -> np.ndarray:
+        assert raw is not None
         return raw().reshape(-1, spec.size)
 
     def f16(off: int) -> Callable[[], np.ndarray]:
@@ -300,7 +304,7 @@ def _describe(out: Described, t: TensorInfo, raw: Callable[[], np.ndarray]) -> N
             desc["bias"] = {"blocks": _grid(r, spec.sub), "op": "subtract", "encoded": nested("bias", spec.mins, dmin)}
     # finite float16 <=> exponent field not all ones: integer ops on the bits (NumPy's float16
     # isfinite converts each value)
-    if not all(bool((np.bitwise_and(blocks().view("<u2")[:, off // 2], 0x7C00) != 0x7C00).all()) for off in offsets):
+    if raw is not None and not all(bool((np.bitwise_and(blocks().view("<u2")[:, off // 2], 0x7C00) != 0x7C00).all()) for off in offsets):
         # gguf-py decodes non-finite scales as IEEE arithmetic says; so does qformat, and the flag
         # keeps `qformat check` from reporting what the source itself holds.
         desc["allow_nonfinite_params"] = True

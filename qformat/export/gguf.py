@@ -628,7 +628,7 @@ def _hf_kvs(model: _Model, entries: list[TensorEntry], ck: Any, gguf_pre: str | 
     if rope.get("rope_type", rope.get("type")) == "linear":
         kv.append((K.Rope.SCALING_TYPE.format(arch=a), _str(gguf.RopeScalingType.LINEAR.value)))
         kv.append((K.Rope.SCALING_FACTOR.format(arch=a), _f32(rope["factor"])))
-    ft = file_type_of(entries)
+    ft = preset_file_type(cfg, entries)
     if ft is not None:
         kv.append((K.General.FILE_TYPE, _u32(ft)))
     if cfg.get("vocab_size"):
@@ -649,6 +649,21 @@ def file_type(ggml_type: str) -> int | None:
         if name in gguf.LlamaFileType.__members__:
             return int(gguf.LlamaFileType[name])
     return None
+
+
+def preset_file_type(cfg: Mapping[str, Any], entries: list[TensorEntry]) -> int | None:
+    """general.file_type: llama.cpp's ftype of the preset ``qformat quantize --preset`` recorded
+    (config.json quantization_config ``gguf_preset``; a Q4_K_S file is mostly Q4_K, as a Q4_K_M
+    one is), else :func:`file_type_of`."""
+    qc = cfg.get("quantization_config")
+    preset = qc.get("gguf_preset") if isinstance(qc, dict) else None
+    if isinstance(preset, str):
+        from .. import tables
+
+        p = tables.gguf_presets().get(preset)
+        if p is not None:
+            return int(p["ftype"])
+    return file_type_of(entries)
 
 
 def file_type_of(entries: list[TensorEntry]) -> int | None:

@@ -178,3 +178,25 @@ def matmul(x: Any, codes: Any, kind: str, table: Any, group: int, zero: Any, sca
     for f in futures:
         f.result()
     return out
+
+
+# -- the GGUF block quantizers (``_ggml.c``) --------------------------------------------------------
+try:  # optional like _native: without it qformat.schemes.gguf quantizes with its NumPy reference
+    from . import _ggml  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised by the fresh-install check without a compiler
+    _ggml = None
+
+
+def ggml_available() -> bool:
+    """Whether :func:`ggml_quantize` can run (the extension built, and native kernels not
+    switched off with ``QFORMAT_KERNELS=numpy`` or :func:`use`)."""
+    return _ggml is not None and (_enabled or (_native is None and _reason == ""))
+
+
+def ggml_quantize(type_name: str, x: Any, out: Any) -> None:
+    """ggml's reference blocks of ``type_name`` for ``x`` (C-contiguous float32, whole blocks)
+    into ``out`` (writable uint8 of exactly the blocks' bytes), the GIL released: the bytes of
+    :func:`qformat.schemes.ggml_blocks.quantize_blocks`."""
+    if _ggml is None:
+        raise RuntimeError("the native GGUF quantizer extension is not built")
+    _ggml.quantize(type_name, x, out)

@@ -23,8 +23,8 @@ from ..qtensor import QTensor
 from ._common import check_choice, np_dtype
 # The family modules register their ids on import; a test checks that the registered ids are
 # exactly the keys of tables/schemes.json.
-from . import codebook, fp8, int_, mx, nf4, nvfp4  # noqa: F401
-from .registry import Encoder, Planned, Planner, get, get_plan, ids, register
+from . import codebook, fp8, gguf, int_, mx, nf4, nvfp4  # noqa: F401
+from .registry import Encoder, Planned, Planner, get, get_plan, ids, proxy_row, register
 
 __all__ = ["Encoder", "Planned", "Planner", "get", "get_plan", "ids", "plan", "quantize", "register", "verify_plan"]
 
@@ -66,7 +66,7 @@ def verify_plan(scheme: str, rank: int, dtype: str, **params: Any) -> None:
     """Encode a small array of ``rank`` (partial blocks on every axis) and check that
     :func:`plan` predicts exactly what the encoder writes; this also checks every parameter
     value the way the encoder does.  A mismatch is an internal error (SAVE_INVALID)."""
-    shape = tuple([3] * (rank - 1) + [37]) if rank else ()
+    shape = tuple([3] * (rank - 1) + [proxy_row(scheme)]) if rank else ()
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     q = quantize(x, scheme, dtype=dtype, **params)
     desc, comps = plan(shape, scheme, dtype, **params)

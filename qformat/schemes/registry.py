@@ -19,12 +19,15 @@ Planner = Callable[..., Planned]
 
 _REGISTRY: dict[str, Encoder] = {}
 _PLANS: dict[str, Planner] = {}
+_PROXY_ROWS: dict[str, int] = {}
 
 
-def register(scheme_id: str, plan: Planner) -> Callable[[Encoder], Encoder]:
+def register(scheme_id: str, plan: Planner, proxy_row: int | None = None) -> Callable[[Encoder], Encoder]:
     """Decorator registering an encoder under ``scheme_id`` (which tables/schemes.json must
     list), with ``plan``: the same scheme's descriptor and component specs from a shape alone
-    (``qformat quantize`` plans every file header before it encodes anything)."""
+    (``qformat quantize`` plans every file header before it encodes anything).  ``proxy_row``:
+    the row length of the small array :func:`qformat.schemes.verify_plan` encodes, for a
+    scheme that takes only rows of whole blocks (default 37, which leaves partial groups)."""
 
     def deco(fn: Encoder) -> Encoder:
         if scheme_id not in tables.schemes():
@@ -33,6 +36,8 @@ def register(scheme_id: str, plan: Planner) -> Callable[[Encoder], Encoder]:
             raise KeyError(f"scheme id {scheme_id!r} is registered twice")
         _REGISTRY[scheme_id] = fn
         _PLANS[scheme_id] = plan
+        if proxy_row is not None:
+            _PROXY_ROWS[scheme_id] = proxy_row
         return fn
 
     return deco
@@ -55,3 +60,8 @@ def get_plan(scheme_id: str) -> Planner:
     """The planner of ``scheme_id``; SCHEME_UNKNOWN when none is registered."""
     get(scheme_id)
     return _PLANS[scheme_id]
+
+
+def proxy_row(scheme_id: str) -> int:
+    """The row length :func:`qformat.schemes.verify_plan` gives ``scheme_id``'s proxy array."""
+    return _PROXY_ROWS.get(scheme_id, 37)

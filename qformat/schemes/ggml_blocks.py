@@ -1,0 +1,461 @@
+"""ggml's reference block quantizers (``quantize_row_*_ref``) in binary32 NumPy, byte for byte.
+
+llama.cpp makes a GGUF file's quantized blocks with ``quantize_row_<type>_ref`` whenever no
+importance matrix is given (``quantize_q4_K`` and the others call it then; Q8_0 always does).
+This module computes the same bytes for the same float32 rows, for Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K.  The algorithms are llama.cpp's
+(``ggml/src/ggml-quants.c``); the code is written here, vectorised across blocks.
+
+Bit exactness rests on three rules, each kept on purpose:
+
+- every operation is one binary32 operation, in the C expression's order (``w*x*l`` is
+  ``(w*x)*l``; an ``int`` operand is converted to float first) and without fused
+  multiply-adds (ggml-base is built without FMA contraction on x86);
+- every sum runs element by element in the C loop's order, as separate NumPy additions over
+  rows laid out as ``[elements, blocks]`` (NumPy's own reductions sum pairwise);
+- ``nearest_int`` (``x + 1.5 * 2^23``, whose bits then hold the integer) is round half to
+  even, which :func:`numpy.rint` is for the magnitudes that occur (below 2^22); ``roundf`` (Q8_0)
+  rounds half away from zero, done in float64 where ``|x| + 0.5`` is exact.
+
+Iterative searches whose state changes the next step (``make_qkx2_quants`` moves ``min`` when a
+candidate wins; ``make_q3_quants`` updates its sums element by element) keep that state per
+block, so each block follows exactly the path ggml's loop takes for it.
+
+:func:`quantize_rows` is the entry point: float32 rows (the last axis a multiple of the block
+size) to the ggml block bytes of ``type``, ``[rows, blocks_per_row * type_size]``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+F = np.float32
+_GROUP_MAX_EPS = F(1e-15)
+QK_K = 256
+
+#: type name -> (elements per block, bytes per block); ggml-common.h's block_* structs.
+SIZES: dict[str, tuple[int, int]] = {
+    "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
+    "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+}
+
+
+# -- helpers --------------------------------------------------------------------------------------
+def _ni(v: np.ndarray) -> np.ndarray:
+    """ggml's ``nearest_int``: round half to even (int32).  Lanes a caller discards may hold
+    NaN or Inf; their values are irrelevant."""
+    with np.errstate(invalid="ignore"):
+        return np.rint(v).astype(np.int32)
+
+
+def _clip(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    return np.minimum(np.maximum(v, lo), hi)
+
+
+def _f16(v: np.ndarray) -> np.ndarray:
+    """``GGML_FP32_TO_FP16`` (round to nearest even, overflow to Inf) as uint16 bits."""
+    with np.errstate(over="ignore"):
+        return np.asarray(v, F).astype(np.float16).view(np.uint16)
+
+
+def _f32(bits: np.ndarray) -> np.ndarray:
+    """``GGML_FP16_TO_FP32``: exact."""
+    return bits.view(np.float16).astype(F)
+
+
+def _put16(out: np.ndarray, off: int, bits: np.ndarray) -> None:
+    out[:, off] = (bits & 0xFF).astype(np.uint8)
+    out[:, off + 1] = (bits >> 8).astype(np.uint8)
+
+
+def _seq_sum(terms: Callable[[int], np.ndarray], n: int, start: np.ndarray | None = None) -> np.ndarray:
+    """``s = start (0); for i < n: s += terms(i)`` in binary32, in that order."""
+    s = None if start is None else start.copy()
+    for i in range(n):
+        t = terms(i)
+        s = (F(0) + t) if s is None else s + t  # 0.0f + t: a -0 term makes +0, as in C
+    assert s is not None
+    return s
+
+
+def _first_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(amax, max) of columns of ``x`` [n, blocks] as ggml's loop finds them: the first element
+    of largest magnitude (``if (amax < fabsf(v))``), ``max`` +0 when every element is zero."""
+    a = np.abs(x)
+    a = np.where(a > 0, a, F(0))  # NaN (a scale from overflowed sums) never wins, as in C
+    idx = np.argmax(a, axis=0)
+    cols = np.arange(x.shape[1])
+    amax = a[idx, cols]
+    mx = np.where(amax > 0, x[idx, cols], F(0)).astype(F)
+    return amax, mx
+
+
+def _first_extreme(xb: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """The row extreme ``m`` as ggml's ``if (v < min)`` loop keeps it: the first element equal to
+    it, which matters only for the sign of a zero extreme (+0 and -0 compare equal)."""
+    idx = np.argmax(xb == m[:, None], axis=1)
+    return xb[np.arange(xb.shape[0]), idx]
+
+
+# -- legacy 32-element types ----------------------------------------------------------------------
+def _q4_0_like(xb: np.ndarray, nmax: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(codes uint8 [nb, 32], d bits) of Q4_0 (nmax 8) / Q5_0 (nmax 16)."""
+    _, mx = _first_absmax(xb.T)
+    d = mx / F(-nmax)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, F(1) / d, F(0)).astype(F)
+    v = xb * inv[:, None] + F(nmax + 0.5)
+    q = np.minimum(v.astype(np.int32).astype(np.int8).astype(np.int32), (1 << bits) - 1)  # (int8_t) truncates
+    return q.astype(np.uint8), _f16(d)
+
+
+def _q4_1_like(xb: np.ndarray, bits: int, clamp: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, d bits, m bits) of Q4_1 (clamped to 15 after an int8 cast) / Q5_1 (uint8 cast)."""
+    mn = _first_extreme(xb, xb.min(axis=1))
+    mx = _first_extreme(xb, xb.max(axis=1))
+    d = (mx - mn) / F((1 << bits) - 1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, F(1) / d, F(0)).astype(F)
+    v = (xb - mn[:, None]) * inv[:, None] + F(0.5)
+    q = v.astype(np.int32)
+    if clamp:
+        q = np.minimum(q.astype(np.int8).astype(np.int32), 15)
+    return (q & 0xFF).astype(np.uint8), _f16(d), _f16(mn)
+
+
+def _nibbles(out: np.ndarray, off: int, q: np.ndarray) -> None:
+    """Byte j holds element j (low nibble) and j + 16 (high) of a 32-element block."""
+    out[:, off:off + 16] = (q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)
+
+
+def _high_bits(out: np.ndarray, off: int, q: np.ndarray) -> None:
+    """Bit 4 of element j as bit j of a little-endian uint32 (Q5_0 / Q5_1 ``qh``)."""
+    h = ((q >> 4) & 1).astype(np.uint32) << np.arange(32, dtype=np.uint32)
+    word = np.bitwise_or.reduce(h, axis=1).astype("<u4")
+    out[:, off:off + 4] = word.view(np.uint8).reshape(-1, 4)
+
+
+def _legacy(xb: np.ndarray, bits: int, with_min: bool) -> np.ndarray:
+    """Q4_0 / Q5_0 (``d``, scale only) and Q4_1 / Q5_1 (``d``, ``m``): F16 ``d`` [and ``m``],
+    for 5 bits the high bits as one little-endian uint32, then the low nibbles."""
+    if with_min:
+        q, d, m = _q4_1_like(xb, bits, clamp=bits == 4)
+    else:
+        q, d = _q4_0_like(xb, 1 << (bits - 1), bits)
+    off = 4 if with_min else 2
+    out = np.zeros((xb.shape[0], off + (4 if bits == 5 else 0) + 16), np.uint8)
+    _put16(out, 0, d)
+    if with_min:
+        _put16(out, 2, m)
+    if bits == 5:
+        _high_bits(out, off, q)
+        off += 4
+    _nibbles(out, off, q)
+    return out
+
+
+def _q8_0(xb: np.ndarray) -> np.ndarray:
+    amax = np.abs(xb).max(axis=1)
+    d = amax / F(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, F(1) / d, F(0)).astype(F)
+    v = (xb * inv[:, None]).astype(np.float64)  # roundf: half away from zero, exact in float64
+    q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int32)
+    out = np.empty((xb.shape[0], 34), np.uint8)
+    _put16(out, 0, _f16(d))
+    out[:, 2:] = q.astype(np.int8).view(np.uint8)
+    return out
+
+
+# -- K-quant helpers (columns are sub-blocks: x is [n, sub-blocks]) -------------------------------
+def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int,
+               use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``make_qkx2_quants``: (L uint8 [n, S], scale [S], the_min [S]) of unsigned codes with a
+    scale and a subtracted minimum, searching ``nstep + 1`` scales around ``nmax / (max - min)``."""
+    n = x.shape[0]
+    mn = x.min(axis=0)
+    mx = x.max(axis=0)
+    sum_w = _seq_sum(lambda i: w[i + 1], n - 1, w[0])
+    sum_x = _seq_sum(lambda i: w[i + 1] * x[i + 1], n - 1, w[0] * x[0])
+    mn = np.where(mn > 0, F(0), mn).astype(F)
+    flat = mx == mn
+
+    def err(scale: np.ndarray, lf: np.ndarray, mn_: np.ndarray) -> np.ndarray:
+        def term(i: int) -> np.ndarray:
+            diff = scale * lf[i] + mn_ - x[i]
+            return w[i] * (np.abs(diff) if use_mad else diff * diff)
+        return _seq_sum(term, n)
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = F(nmax) / (mx - mn)
+        scale = F(1) / iscale
+        L = _clip(_ni(iscale * (x - mn)), 0, nmax)
+        best = err(scale, L.astype(F), mn)
+        for step in range(nstep + 1):
+            iscale = (F(rmin) + F(rdelta) * F(step) + F(nmax)) / (mx - mn)
+            la = _clip(_ni(iscale * (x - mn)), 0, nmax)
+            lf = la.astype(F)
+            wl = w * lf
+            sum_l = _seq_sum(lambda i: wl[i], n)
+            sum_l2 = _seq_sum(lambda i: wl[i] * lf[i], n)
+            sum_xl = _seq_sum(lambda i: wl[i] * x[i], n)
+            D = sum_w * sum_l2 - sum_l * sum_l
+            ok = D > 0
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+            pos = this_min > 0
+            this_scale = np.where(pos, sum_xl / sum_l2, this_scale).astype(F)
+            this_min = np.where(pos, F(0), this_min).astype(F)
+            cur = err(this_scale, lf, this_min)
+            win = ok & (cur < best) & ~flat
+            L = np.where(win, la, L)
+            best = np.where(win, cur, best).astype(F)
+            scale = np.where(win, this_scale, scale).astype(F)
+            mn = np.where(win, this_min, mn).astype(F)
+    L = np.where(flat, 0, L)
+    scale = np.where(flat, F(0), scale).astype(F)
+    return L.astype(np.uint8), scale, (-mn).astype(F)
+
+
+def _make_qx(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """``make_qx_quants`` with rmse_type 1 and no weights: (L int32 [n, S] in 0..2 nmax - 1,
+    scale [S]); the best of 19 scales by the weighted (x^2) least-squares fit."""
+    n = x.shape[0]
+    amax, mx = _first_absmax(x)
+    zero = amax < _GROUP_MAX_EPS
+    w = x * x
+    wx = w * x
+
+    def fit(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lq = _clip(_ni(iscale * x), -nmax, nmax - 1)
+        lf = lq.astype(F)
+        sumlx = _seq_sum(lambda i: wx[i] * lf[i], n)
+        suml2 = _seq_sum(lambda i: (w[i] * lf[i]) * lf[i], n)
+        return lq, sumlx, suml2
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        lq, sumlx, suml2 = fit(F(-nmax) / mx)
+        L = lq + nmax
+        scale = np.where(suml2 != 0, sumlx / suml2, F(0)).astype(F)
+        best = scale * sumlx
+        for step in range(-9, 10):
+            if step == 0:
+                continue
+            lq, sumlx, suml2 = fit(-(F(nmax) + F(0.1) * F(step)) / mx)
+            win = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+            L = np.where(win, lq + nmax, L)
+            scale = np.where(win, sumlx / suml2, scale).astype(F)
+            best = np.where(win, scale * sumlx, best).astype(F)
+    return np.where(zero, 0, L), np.where(zero, F(0), scale).astype(F)
+
+
+def _make_q3(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """``make_q3_quants`` with do_rmse: (L int32 [n, S] in 0..2 nmax - 1, or 0 for an all-zero
+    sub-block; scale [S]); codes moved one at a time while the x^2-weighted fit improves."""
+    n = x.shape[0]
+    amax, mx = _first_absmax(x)
+    zero = amax < _GROUP_MAX_EPS
+    w = x * x
+    wx = w * x
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        L = _clip(_ni((F(-nmax) / mx) * x), -nmax, nmax - 1)
+        lf = L.astype(F)
+        sumlx = _seq_sum(lambda i: wx[i] * lf[i], n)
+        suml2 = _seq_sum(lambda i: (w[i] * lf[i]) * lf[i], n)
+        for _ in range(5):
+            changed = np.zeros(x.shape[1], bool)
+            for i in range(n):
+                li = L[i].astype(F)
+                slx = sumlx - wx[i] * li
+                sl2 = suml2 - (w[i] * li) * li
+                new_l = _clip(_ni((x[i] * sl2) / slx), -nmax, nmax - 1)
+                nf = new_l.astype(F)
+                slx2 = slx + wx[i] * nf
+                sl22 = sl2 + (w[i] * nf) * nf
+                take = (slx > 0) & (new_l != L[i]) & (sl22 > 0) & ((slx2 * slx2) * suml2 > (sumlx * sumlx) * sl22) & ~zero
+                L[i] = np.where(take, new_l, L[i])
+                sumlx = np.where(take, slx2, sumlx).astype(F)
+                suml2 = np.where(take, sl22, suml2).astype(F)
+                changed |= take
+            # a block with no change stays unchanged in every later pass, as if it had left the loop
+            if not changed.any():
+                break
+        scale = np.where(suml2 > 0, sumlx / suml2, F(0)).astype(F)
+    return np.where(zero, 0, L + nmax), np.where(zero, F(0), scale).astype(F)
+
+
+def _sub(xb: np.ndarray, size: int) -> np.ndarray:
+    """Super-blocks [nb, 256] as sub-block columns [size, nb * 256 / size] (block-major)."""
+    return np.ascontiguousarray(xb.reshape(-1, size).T)
+
+
+def _requant(x: np.ndarray, d: np.ndarray, dm: np.ndarray | None, lo: int, hi: int, L: np.ndarray) -> np.ndarray:
+    """The final codes: ``nearest_int((x + dm) / d)`` clamped, where ``d`` (per column) is
+    nonzero; columns with ``d == 0`` keep ``L`` (ggml's ``if (!d) continue``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = (x + dm) / d if dm is not None else x / d
+        q = _clip(_ni(v), lo, hi)
+    return np.where(d != 0, q, L)
+
+
+def _unsub(L: np.ndarray, nb: int) -> np.ndarray:
+    """Sub-block columns back to super-block rows [nb, 256]."""
+    return np.ascontiguousarray(L.T).reshape(nb, QK_K)
+
+
+def _two_bit_planes(L: np.ndarray) -> np.ndarray:
+    """[nb, 256] codes (0..3) as ggml's ``qs``: per 128, byte l holds l, l+32, l+64, l+96."""
+    q = L.reshape(-1, 2, 4, 32).astype(np.uint8)
+    return (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(-1, 64)
+
+
+def _q2_k(xb: np.ndarray) -> np.ndarray:
+    nb = xb.shape[0]
+    x = _sub(xb, 16)
+    L, scales, mins = _make_qkx2(x, np.abs(x), 3, -0.5, 0.1, 15, True)
+    scales, mins = scales.reshape(nb, 16), mins.reshape(nb, 16)
+    max_scale = np.where(scales > 0, scales, F(0)).max(axis=1)
+    max_min = np.where(mins > 0, mins, F(0)).max(axis=1)
+    q4 = F(15)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ls = np.where((max_scale > 0)[:, None], _ni((q4 / max_scale)[:, None] * scales), 0)
+        lm = np.where((max_min > 0)[:, None], _ni((q4 / max_min)[:, None] * mins), 0)
+    sc = ((ls & 0xFF) | ((lm << 4) & 0xFF)).astype(np.uint8)  # uint8 stores, as C's
+    d = _f16(np.where(max_scale > 0, max_scale / q4, F(0)))
+    dmin = _f16(np.where(max_min > 0, max_min / q4, F(0)))
+    dd = (_f32(d)[:, None] * (sc & 0xF).astype(F)).reshape(-1)
+    dm = (_f32(dmin)[:, None] * (sc >> 4).astype(F)).reshape(-1)
+    L = _requant(x, dd, dm, 0, 3, L.astype(np.int32))
+    out = np.empty((nb, 84), np.uint8)
+    out[:, :16] = sc
+    out[:, 16:80] = _two_bit_planes(_unsub(L, nb))
+    _put16(out, 80, d)
+    _put16(out, 82, dmin)
+    return out
+
+
+def _q3_k(xb: np.ndarray) -> np.ndarray:
+    nb = xb.shape[0]
+    x = _sub(xb, 16)
+    L, scales = _make_q3(x, 4)
+    scales = scales.reshape(nb, 16)
+    amax, max_scale = _first_absmax(scales.T)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = F(-32) / max_scale
+        l6 = _clip(_ni(iscale[:, None] * scales).astype(np.int8).astype(np.int32), -32, 31) + 32
+    nz = max_scale != 0
+    l6 = np.where(nz[:, None], l6, 0)
+    with np.errstate(divide="ignore"):
+        d = _f16(np.where(nz, F(1) / iscale, F(0)))
+    sc = l6 - 32  # the stored 6-bit scale, decoded (all-zero bytes: -32)
+    dd = (_f32(d)[:, None] * sc.astype(F)).reshape(-1)
+    L = _unsub(_requant(x, dd, None, -4, 3, L - 4) + 4, nb)
+    out = np.zeros((nb, 110), np.uint8)
+    hi = (L > 3).reshape(nb, 8, 32)  # bit m of hmask[j] = high bit of element 32 m + j
+    out[:, :32] = np.bitwise_or.reduce(hi.astype(np.uint8) << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
+    out[:, 32:96] = _two_bit_planes(L & 3)
+    b = l6.astype(np.uint8)
+    out[:, 96:104] = (b[:, :8] & 0xF) | ((b[:, 8:] & 0xF) << 4)
+    top = (b >> 4).reshape(nb, 4, 4)  # j = 4 k + r: bits 2k of byte 104 + r
+    out[:, 104:108] = top[:, 0] | (top[:, 1] << 2) | (top[:, 2] << 4) | (top[:, 3] << 6)
+    _put16(out, 108, d)
+    return out
+
+
+def _q45_k(xb: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarray, np.ndarray]:
+    """The shared part of Q4_K (nmax 15) and Q5_K (nmax 31): (codes [nb, 256], header bytes
+    [nb, 16]: d, dmin, the 12 bytes of 6-bit scales and minimums)."""
+    nb = xb.shape[0]
+    x = _sub(xb, 32)
+    sum_x2 = _seq_sum(lambda i: x[i] * x[i], 32)
+    av_x = np.sqrt(sum_x2 / F(32))
+    L, scales, mins = _make_qkx2(x, av_x + np.abs(x), nmax, rmin, 0.1, nstep, False)
+    scales, mins = scales.reshape(nb, 8), mins.reshape(nb, 8)
+    max_scale = np.where(scales > 0, scales, F(0)).max(axis=1)
+    max_min = np.where(mins > 0, mins, F(0)).max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv_scale = np.where(max_scale > 0, F(63) / max_scale, F(0)).astype(F)
+        inv_min = np.where(max_min > 0, F(63) / max_min, F(0)).astype(F)
+    ls = np.minimum(_ni(inv_scale[:, None] * scales) & 0xFF, 63).astype(np.uint8)
+    lm = np.minimum(_ni(inv_min[:, None] * mins) & 0xFF, 63).astype(np.uint8)
+    head = np.empty((nb, 16), np.uint8)
+    d, dmin = _f16(max_scale / F(63)), _f16(max_min / F(63))
+    _put16(head, 0, d)
+    _put16(head, 2, dmin)
+    head[:, 4:8] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)
+    head[:, 8:12] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)
+    head[:, 12:16] = (ls[:, 4:] & 0xF) | ((lm[:, 4:] & 0xF) << 4)
+    dd = (_f32(d)[:, None] * ls.astype(F)).reshape(-1)
+    dm = (_f32(dmin)[:, None] * lm.astype(F)).reshape(-1)
+    return _unsub(_requant(x, dd, dm, 0, nmax, L.astype(np.int32)), nb), head
+
+
+def _q4_k(xb: np.ndarray) -> np.ndarray:
+    L, head = _q45_k(xb, 15, -1.0, 20)
+    out = np.empty((xb.shape[0], 144), np.uint8)
+    out[:, :16] = head
+    q = L.reshape(-1, 4, 2, 32).astype(np.uint8)
+    out[:, 16:] = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
+    return out
+
+
+def _q5_k(xb: np.ndarray) -> np.ndarray:
+    L, head = _q45_k(xb, 31, -0.5, 15)
+    nb = xb.shape[0]
+    out = np.empty((nb, 176), np.uint8)
+    out[:, :16] = head
+    q = L.reshape(nb, 4, 2, 32).astype(np.uint8)  # per 64: elements j and j + 32
+    hb = (q >> 4) & 1  # qh[j] bit 2 n + h: the fifth bit of element 64 n + 32 h + j
+    out[:, 16:48] = np.bitwise_or.reduce(hb.reshape(nb, 8, 32) << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
+    out[:, 48:] = ((q[:, :, 0] & 15) | ((q[:, :, 1] & 15) << 4)).reshape(nb, 128)
+    return out
+
+
+def _q6_k(xb: np.ndarray) -> np.ndarray:
+    nb = xb.shape[0]
+    x = _sub(xb, 16)
+    L, scales = _make_qx(x, 32)
+    scales = scales.reshape(nb, 16)
+    amax, max_scale = _first_absmax(scales.T)
+    empty = amax < _GROUP_MAX_EPS
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = F(-128) / max_scale
+        d = _f16(np.where(empty, F(0), F(1) / iscale))
+        s8 = np.where(empty[:, None], 0, np.minimum(_ni(iscale[:, None] * scales), 127)).astype(np.int8)
+    dd = (_f32(d)[:, None] * s8.astype(F)).reshape(-1)
+    L = _unsub(_requant(x, dd, None, -32, 31, L - 32) + 32, nb)
+    L = np.where(empty[:, None], 0, L).astype(np.uint8)  # ggml zeroes the whole block
+    out = np.empty((nb, 210), np.uint8)
+    q = L.reshape(nb, 2, 4, 32)
+    lo, hi = q & 0xF, q >> 4
+    out[:, :128] = np.concatenate([lo[:, :, 0] | (lo[:, :, 2] << 4), lo[:, :, 1] | (lo[:, :, 3] << 4)], axis=2).reshape(nb, 128)
+    out[:, 128:192] = (hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)).reshape(nb, 64)
+    out[:, 192:208] = s8.view(np.uint8)
+    _put16(out, 208, d)
+    return out
+
+
+_QUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "Q4_0": lambda xb: _legacy(xb, 4, False), "Q4_1": lambda xb: _legacy(xb, 4, True),
+    "Q5_0": lambda xb: _legacy(xb, 5, False), "Q5_1": lambda xb: _legacy(xb, 5, True), "Q8_0": _q8_0,
+    "Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k,
+}
+TYPES = tuple(_QUANTIZERS)
+
+
+def quantize_blocks(xb: np.ndarray, type_name: str) -> np.ndarray:
+    """ggml's ``quantize_row_<type>_ref`` of float32 blocks ``xb`` [nb, block]: uint8 [nb, size].
+
+    Blocks whose largest magnitude is below about 1e-38 (every value decodes to 0 there) take
+    their code bytes from C's conversion of Inf or NaN to an integer, which C leaves undefined;
+    they equal what x86 gives (the machines the tests compare on)."""
+    block, size = SIZES[type_name]
+    xb = np.ascontiguousarray(xb, F).reshape(-1, block)
+    # IEEE results as C's: 1/d of a tiny d overflows to Inf, codes of such blocks come from
+    # Inf/NaN converted to integers as x86 does (INT_MIN, low byte 0), and F16 holds d as 0.
+    with np.errstate(all="ignore"):
+        out = _QUANTIZERS[type_name](xb)
+    assert out.shape == (xb.shape[0], size)
+    return out

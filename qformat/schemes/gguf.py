@@ -1,0 +1,121 @@
+"""Scheme ``gguf``: llama.cpp's block types, encoded as ``llama-quantize`` encodes them.
+
+``quantize(x, "gguf", type="Q4_K")`` runs ggml's reference quantizer of that type
+(:mod:`.ggml_blocks`: the same bytes as ``quantize_row_<type>_ref``, which ``llama-quantize``
+uses for every listed type when no importance matrix is given) over the rows of ``x`` (blocks
+run along the last axis, as ggml's rows do) and describes the blocks exactly as ``qformat
+convert`` describes a GGUF tensor of that type (:mod:`qformat.convert.gguf`): codes, ``F16``
+block scales and minimums, and for the K-quants the nested 4/6/8-bit sub-block scales.  So
+``qformat export --to gguf`` writes the very blocks back, byte for byte, and a reader decodes
+them as gguf-py and llama.cpp do.
+
+Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (super-blocks
+of 256); the last axis must be a multiple of the block.  The input is rounded to binary32 first
+(float16 and bfloat16 are exact there; float64 rounds once), as llama.cpp reads its source.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import kernels
+from ..errors import error
+from ..qtensor import QTensor, rename_references
+from ._common import check_choice, map_chunks
+from .ggml_blocks import SIZES, TYPES, quantize_blocks
+from .registry import Planned, register
+
+#: ggml type ids (ggml.h's ``enum ggml_type``) of the types this scheme writes.
+TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
+            "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+#: Elements a worker quantizes per call (bounds the temporaries: about 20 float32 arrays of it).
+CHUNK_ELEMENTS = 1 << 18
+_PREFIX = "t"
+#: Inputs at or above this magnitude are refused: ggml squares values in binary32 (overflow
+#: from 1.8e19 makes NaN scales, and its quantizers then write zero blocks without a word);
+#: every type's F16 parameters overflow long before, which :func:`_check_finite` reports.
+MAX_MAGNITUDE = 2.0**63
+
+
+def _check(shape: tuple[int, ...], type_name: Any) -> str:
+    t = check_choice("type", type_name, TYPES)
+    block = SIZES[t][0]
+    if len(shape) < 1 or shape[-1] % block:
+        found = f"shape {list(shape)}" if shape else "a scalar"
+        raise error("ENCODE_PARAM_INVALID", f"type {t} needs rows (the last axis) of a multiple of {block} elements; found {found}",
+                    field="type")
+    return t
+
+
+def _described(shape: tuple[int, ...], t: str, blocks: np.ndarray | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(descriptor, lazy components by local name) of ``blocks`` as qformat convert describes a
+    GGUF tensor of type ``t`` (``blocks`` None: planning, from the shape alone)."""
+    from ..convert.base import Described  # the converter imports this package's helpers
+    from ..convert.gguf import _describe
+    from ..convert.gguf_file import TensorInfo
+
+    out = Described()
+    info = TensorInfo(_PREFIX, shape, TYPE_IDS[t], 0, 0, 0)
+    _describe(out, info, (lambda: blocks) if blocks is not None else None)
+    desc = out.descriptors[_PREFIX]
+    local = {name: name[len(_PREFIX) + 1:] for name in out.added}
+    desc = rename_references(desc, lambda n: local[n])
+    desc["scheme"] = "gguf"
+    comps = {local[n]: out.added.component(n) for n in out.added}
+    return desc, comps
+
+
+def _check_finite(blocks: np.ndarray, t: str, shape: tuple[int, ...]) -> None:
+    """ENCODE_INPUT_INVALID when a block's F16 ``d`` / ``m`` / ``dmin`` overflowed (values
+    beyond what the type's F16 parameters can scale; ggml would write Inf there and its own
+    validation of the file refuse it)."""
+    from ..convert.gguf import TYPES as LAYOUTS
+
+    spec = LAYOUTS[TYPE_IDS[t]]
+    for off in (o for o in (spec.d, spec.m, spec.dmin) if o is not None):
+        bits = blocks[:, off].astype(np.uint16) | (blocks[:, off + 1].astype(np.uint16) << 8)
+        bad = np.flatnonzero((bits & 0x7C00) == 0x7C00)
+        if bad.size:
+            block = SIZES[t][0]
+            raise error("ENCODE_INPUT_INVALID", f"type {t}: the F16 block parameters of {bad.size} block(s) overflow (the first: "
+                        f"elements {bad[0] * block}..{bad[0] * block + block - 1} of the flattened {list(shape)}); "
+                        f"its values are too large for {t}'s F16 scales")
+
+
+def plan(shape: tuple[int, ...], dtype: str, type: Any = "Q4_K") -> Planned:  # noqa: A002 (the parameter's name)
+    t = _check(shape, type)
+    desc, comps = _described(shape, t, None)
+    desc["dtype"] = dtype
+    return desc, {k: (c.spec.dtype, tuple(c.spec.shape)) for k, c in comps.items()}
+
+
+@register("gguf", plan, proxy_row=2 * 256)
+def encode(x: np.ndarray, *, dtype: str, type: Any = "Q4_K") -> QTensor:  # noqa: A002
+    shape = tuple(x.shape)
+    t = _check(shape, type)
+    block, size = SIZES[t]
+    rows = x.reshape(math.prod(shape[:-1]), shape[-1])
+    per_row = shape[-1] // block * size
+    blocks = np.empty((rows.shape[0], per_row), np.uint8)
+
+    def part(lo: int, hi: int) -> None:
+        if hi == lo or per_row == 0:
+            return
+        xr = np.asarray(rows[lo:hi], np.float32)  # binary32, as ggml reads its rows
+        top = float(np.max(np.abs(xr)))
+        if top >= MAX_MAGNITUDE:
+            raise error("ENCODE_INPUT_INVALID", f"type {t}: values of magnitude {top:.4g} overflow ggml's quantizers (squares beyond "
+                        f"binary32, F16 scales beyond 65504); they take magnitudes below {MAX_MAGNITUDE:.4g}")
+        if kernels.ggml_available():  # the same bytes, about 3-40x faster (bench/)
+            kernels.ggml_quantize(t, np.ascontiguousarray(xr), blocks[lo:hi])
+        else:
+            blocks[lo:hi] = quantize_blocks(xr.reshape(-1, block), t).reshape(hi - lo, per_row)
+
+    map_chunks(part, rows.shape[0], shape[-1], CHUNK_ELEMENTS)
+    _check_finite(blocks.reshape(-1, size), t, shape)
+    desc, comps = _described(shape, t, blocks.reshape(-1))
+    desc["dtype"] = dtype
+    return QTensor(desc, {k: c.produce() for k, c in comps.items()})
