@@ -143,13 +143,24 @@ static void q4_1_like(const float *x, uint8_t *y, int bits) {
     }
 }
 
+/* roundf (half away from zero) to int8 as ggml's (int8_t)roundf(v) is evaluated on x86:
+ * exact without the libm call for |v| < 2^23 (v - trunc(v) is exact there), roundf itself
+ * (then x86's INT_MIN for NaN or Inf) otherwise. */
+static inline int8_t round_i8(float v) {
+    if (!(fabsf(v) < 8388608.0f)) return (int8_t)trunc_i32(roundf(v));
+    int32_t i = (int32_t)v;
+    const float f = v - (float)i;
+    i += (f >= 0.5f) - (f <= -0.5f);
+    return (int8_t)i;
+}
+
 static void q8_0(const float *x, uint8_t *y) {
     float amax = 0.0f;
     for (int j = 0; j < QK; j++) amax = MAX(amax, fabsf(x[j]));
     const float d = amax / 127.0f;
     const float id = d ? 1.0f / d : 0.0f;
     put16(y, f32_to_f16(d));
-    for (int j = 0; j < QK; j++) y[2 + j] = (uint8_t)(int8_t)trunc_i32(roundf(x[j] * id));
+    for (int j = 0; j < QK; j++) y[2 + j] = (uint8_t)round_i8(x[j] * id);
 }
 
 /* -- K-quant helpers (ggml's make_qkx2_quants, make_qx_quants with rmse_type 1, make_q3_quants) */
@@ -380,12 +391,13 @@ static void q2_k(const float *x, uint8_t *y) {
     q2_k_finish(x, y, scales, mins, L);
 }
 
-static void q3_k(const float *x, uint8_t *y) {
-    int8_t L[QK_K];
-    float scales[16];
+static void q3_k_search(const float *x, float *scales, int8_t *L) {
+    for (int j = 0; j < 16; ++j) scales[j] = make_q3(16, 4, x + 16 * j, L + 16 * j);
+}
+
+static void q3_k_finish(const float *x, uint8_t *y, const float *scales, int8_t *L) {
     uint8_t *hmask = y, *qs = y + 32, *sc = y + 96;
     float max_scale;
-    for (int j = 0; j < 16; ++j) scales[j] = make_q3(16, 4, x + 16 * j, L + 16 * j);
     absmax(16, scales, &max_scale);
     memset(sc, 0, 12);
     uint16_t d16;
@@ -434,6 +446,13 @@ static void q3_k(const float *x, uint8_t *y) {
         }
     }
     two_bit_planes(U, qs);
+}
+
+static void q3_k(const float *x, uint8_t *y) {
+    int8_t L[QK_K];
+    float scales[16];
+    q3_k_search(x, scales, L);
+    q3_k_finish(x, y, scales, L);
 }
 
 /* Q4_K (nmax 15) and Q5_K (nmax 31): the search (sub-block scales, minimums, codes), then the
@@ -726,6 +745,54 @@ AI v8f qx_lanes(int n, int nmax, const v8f *X, v8i *L) {
     return vsel(zero, vsplat(0), scale);
 }
 
+/* make_q3_quants (do_rmse) on lanes: X [n]; L [n] out (0 .. 2 nmax - 1, or 0 for a zero
+ * sub-block).  A lane whose pass changed nothing leaves the loop, as ggml's break does. */
+AI v8f q3_lanes(int n, int nmax, const v8f *X, v8i *L) {
+    v8f amax = vsplat(0), max = vsplat(0);
+    for (int i = 0; i < n; ++i) {
+        const v8f ax = vabs(X[i]);
+        const v8i m = ax > amax;
+        amax = vsel(m, ax, amax);
+        max = vsel(m, X[i], max);
+    }
+    const v8i zero = amax < vsplat(GROUP_MAX_EPS);
+    v8f W[16], WX[16];
+    for (int i = 0; i < n; ++i) {
+        W[i] = X[i] * X[i];
+        WX[i] = W[i] * X[i];
+    }
+    const v8f iscale = vsplat((float)-nmax) / max;
+    v8f sumlx = vsplat(0), suml2 = vsplat(0);
+    for (int i = 0; i < n; ++i) {
+        L[i] = iclamp(vnearest(iscale * X[i]), -nmax, nmax - 1);
+        const v8f lf = tof(L[i]);
+        sumlx += WX[i] * lf;
+        suml2 += W[i] * lf * lf;
+    }
+    v8i active = ~zero;
+    for (int itry = 0; itry < 5; ++itry) {
+        v8i changed = isplat(0);
+        for (int i = 0; i < n; ++i) {
+            const v8f li = tof(L[i]);
+            const v8f slx = sumlx - WX[i] * li;
+            const v8f sl2 = suml2 - W[i] * li * li;
+            const v8i nl = iclamp(vnearest(X[i] * sl2 / slx), -nmax, nmax - 1);
+            const v8f nf = tof(nl);
+            const v8f slx2 = slx + WX[i] * nf;
+            const v8f sl22 = sl2 + W[i] * nf * nf;
+            const v8i take = active & (slx > vsplat(0)) & (nl != L[i]) & (sl22 > vsplat(0)) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22);
+            L[i] = isel(take, nl, L[i]);
+            sumlx = vsel(take, slx2, sumlx);
+            suml2 = vsel(take, sl22, suml2);
+            changed |= take;
+        }
+        active &= changed;
+        if (!(active[0] | active[1] | active[2] | active[3] | active[4] | active[5] | active[6] | active[7])) break;
+    }
+    for (int i = 0; i < n; ++i) L[i] = isel(zero, isplat(0), L[i] + isplat(nmax));
+    return vsel(zero, vsplat(0), vsel(suml2 > vsplat(0), sumlx / suml2, vsplat(0)));
+}
+
 /* Lanes k = 0..7 <- sub-blocks first + k of size n (x: the super-block). */
 AI void gather(const float *x, int first, int n, v8f *X) {
     for (int i = 0; i < n; ++i)
@@ -748,6 +815,22 @@ AI void q2_k_lanes(const float *x, uint8_t *y) {
         }
     }
     q2_k_finish(x, y, scales, mins, L);
+}
+
+AI void q3_k_lanes(const float *x, uint8_t *y) {
+    float scales[16];
+    int8_t L[QK_K];
+    for (int g = 0; g < 2; ++g) {
+        v8f X[16];
+        v8i Lv[16];
+        gather(x, 8 * g, 16, X);
+        const v8f sc = q3_lanes(16, 4, X, Lv);
+        for (int k = 0; k < 8; ++k) {
+            scales[8 * g + k] = sc[k];
+            for (int i = 0; i < 16; ++i) L[16 * (8 * g + k) + i] = (int8_t)Lv[i][k];
+        }
+    }
+    q3_k_finish(x, y, scales, L);
 }
 
 AI void q45_k_lanes(const float *x, uint8_t *y, int nmax, float rmin, int nstep, uint8_t *L) {
@@ -803,6 +886,10 @@ AI void run_body(int t, const float *x, uint8_t *y, Py_ssize_t nb, int lanes) {
         const char *n = TYPES[t].name;
         if (!strcmp(n, "Q2_K")) {
             for (Py_ssize_t i = 0; i < nb; i++) q2_k_lanes(x + i * block, y + i * size);
+            return;
+        }
+        if (!strcmp(n, "Q3_K")) {
+            for (Py_ssize_t i = 0; i < nb; i++) q3_k_lanes(x + i * block, y + i * size);
             return;
         }
         if (!strcmp(n, "Q4_K")) {

@@ -105,7 +105,7 @@ def encode(x: np.ndarray, *, dtype: str, type: Any = "Q4_K") -> QTensor:  # noqa
         if hi == lo or per_row == 0:
             return
         xr = np.asarray(rows[lo:hi], np.float32)  # binary32, as ggml reads its rows
-        top = float(np.max(np.abs(xr)))
+        top = max(float(xr.max()), -float(xr.min()))  # no |x| temporary
         if top >= MAX_MAGNITUDE:
             raise error("ENCODE_INPUT_INVALID", f"type {t}: values of magnitude {top:.4g} overflow ggml's quantizers (squares beyond "
                         f"binary32, F16 scales beyond 65504); they take magnitudes below {MAX_MAGNITUDE:.4g}")
