@@ -245,40 +245,39 @@ static float absmax(int n, const float *x, float *max) {
     return amax;
 }
 
+/* One candidate scale of make_qx_quants / make_q3_quants: codes clamp(nearest(iscale x)) and
+ * the x^2-weighted sums sum(w x l), sum(w l l) in ggml's order; codes stored as l + offset
+ * when L is given. */
+static void fit_codes(int n, int nmax, const float *x, float iscale, int8_t *L, int offset, float *sumlx, float *suml2) {
+    float slx = 0, sl2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = nearest_int(iscale * x[i]);
+        l = MAX(-nmax, MIN(nmax - 1, l));
+        if (L) L[i] = (int8_t)(l + offset);
+        float w = x[i] * x[i];
+        slx += w * x[i] * l;
+        sl2 += w * l * l;
+    }
+    *sumlx = slx;
+    *suml2 = sl2;
+}
+
 static float make_qx(int n, int nmax, const float *x, int8_t *L) {
     float max;
     if (absmax(n, x, &max) < GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.f;
     }
-    float iscale = -nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; ++i) {
-        int l = nearest_int(iscale * x[i]);
-        l = MAX(-nmax, MIN(nmax - 1, l));
-        L[i] = (int8_t)(l + nmax);
-        float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
+    float sumlx, suml2;
+    fit_codes(n, nmax, x, -nmax / max, L, nmax, &sumlx, &suml2);
     float scale = suml2 ? sumlx / suml2 : 0.0f;
     float best = scale * sumlx;
     for (int is = -9; is <= 9; ++is) {
         if (is == 0) continue;
-        iscale = -(nmax + 0.1f * is) / max;
-        sumlx = suml2 = 0;
-        for (int i = 0; i < n; ++i) {
-            int l = nearest_int(iscale * x[i]);
-            l = MAX(-nmax, MIN(nmax - 1, l));
-            float w = x[i] * x[i];
-            sumlx += w * x[i] * l;
-            suml2 += w * l * l;
-        }
+        const float iscale = -(nmax + 0.1f * is) / max;
+        fit_codes(n, nmax, x, iscale, NULL, 0, &sumlx, &suml2);
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; ++i) {
-                int l = nearest_int(iscale * x[i]);
-                L[i] = (int8_t)(nmax + MAX(-nmax, MIN(nmax - 1, l)));
-            }
+            fit_codes(n, nmax, x, iscale, L, nmax, &sumlx, &suml2);  /* the same sums again, and the codes */
             scale = sumlx / suml2;
             best = scale * sumlx;
         }
@@ -292,16 +291,8 @@ static float make_q3(int n, int nmax, const float *x, int8_t *L) {
         memset(L, 0, (size_t)n);
         return 0.f;
     }
-    float iscale = -nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; ++i) {
-        int l = nearest_int(iscale * x[i]);
-        l = MAX(-nmax, MIN(nmax - 1, l));
-        L[i] = (int8_t)l;
-        float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
+    float sumlx, suml2;
+    fit_codes(n, nmax, x, -nmax / max, L, 0, &sumlx, &suml2);
     for (int itry = 0; itry < 5; ++itry) {
         int n_changed = 0;
         for (int i = 0; i < n; ++i) {
