@@ -477,6 +477,8 @@ def _scheme_cases() -> None:
         "codebook": [{"values": [-1.0, -0.4, -0.1, 0.0, 0.2, 0.5, 1.0], "block_size": 32}],
     }
     for scheme in tables.schemes():
+        if scheme == "gguf":  # rows of whole 32/256 blocks only; not in corpus v1 yet (its 6 x 80 case shape)
+            continue
         for k, params in enumerate(settings.get(scheme, [{}])):
             @case(f"scheme-{scheme.replace('_', '-')}-{k}", f"the reference encoder's {scheme} output with {json.dumps(params, sort_keys=True)}",
                   ["A", "9", "10"], [f"scheme:{scheme}"])

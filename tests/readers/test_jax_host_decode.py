@@ -20,7 +20,8 @@ from qformat import kernels, schemes  # noqa: E402
 from qformat_jax import _io  # noqa: E402
 from tests.backends import same_bits  # noqa: E402
 
-PARAMS = {"int": {"bits": 4, "group_size": 32}, "codebook": {"values": [-1.0, -0.25, 0.0, 0.5, 2.0]}}
+PARAMS = {"int": {"bits": 4, "group_size": 32}, "codebook": {"values": [-1.0, -0.25, 0.0, 0.5, 2.0]},
+          "gguf": {"type": "Q5_0"}}  # rows of 128: whole 32-blocks (the K-quants need 256)
 
 
 @pytest.fixture(autouse=True)

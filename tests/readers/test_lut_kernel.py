@@ -37,6 +37,7 @@ PARAMS: dict[str, list[dict]] = {
     "mxfp6_e2m3": [{}], "mxfp6_e3m2": [{}], "mxfp8_e4m3": [{}], "mxfp8_e5m2": [{}],
     "fp8_e4m3": [{}], "fp8_e5m2": [{}],
     "codebook": [{"values": [-1.5, -0.75, -0.25, 0.0, 0.25, 0.75, 1.5, 3.0]}],
+    "gguf": [{"type": "Q4_K"}, {"type": "Q6_K"}, {"type": "Q4_0"}, {"type": "Q8_0"}],
 }
 CASES = [pytest.param(s, p, id=f"{s}-{'-'.join(f'{k}{v}' for k, v in p.items() if k != 'values') or 'default'}")
          for s, ps in PARAMS.items() for p in ps]
