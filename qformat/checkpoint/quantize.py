@@ -139,7 +139,8 @@ def verify_choices(decisions: list[Decision], infos: Mapping[str, Any], recipe_d
         if d.choice is None:
             continue
         info = infos[d.name]
-        key = (id(d.choice), len(info.shape), info.dtype)
+        # by value: a preset's recipe has one rule (one Choice) per tensor, mostly alike
+        key = (d.choice.scheme, repr(sorted(d.choice.params.items())), d.choice.dtype, len(info.shape), info.dtype)
         if key in seen:
             continue
         seen.add(key)

@@ -691,20 +691,26 @@ AI void qkx2_lanes(int n, int nmax, const v8f *X, const v8f *W, v8i *L, v8f *sca
 }
 
 /* make_qx_quants (rmse_type 1, no weights) on lanes: X [n]; L [n] out (0 .. 2 nmax - 1). */
-AI v8f qx_lanes(int n, int nmax, const v8f *X, v8i *L) {
+/* The common start of make_qx_quants and make_q3_quants on lanes: per lane the first element of
+ * largest magnitude (max; 0 for an all-zero sub-block), the mask of sub-blocks below
+ * GROUP_MAX_EPS, and the weights W = x^2, WX = x^2 x. */
+AI v8i absmax_weights_lanes(int n, const v8f *X, v8f *max_out, v8f *W, v8f *WX) {
     v8f amax = vsplat(0), max = vsplat(0);
     for (int i = 0; i < n; ++i) {
         const v8f ax = vabs(X[i]);
         const v8i m = ax > amax;
         amax = vsel(m, ax, amax);
         max = vsel(m, X[i], max);
-    }
-    const v8i zero = amax < vsplat(GROUP_MAX_EPS);
-    v8f W[16], WX[16];
-    for (int i = 0; i < n; ++i) {
         W[i] = X[i] * X[i];
         WX[i] = W[i] * X[i];
     }
+    *max_out = max;
+    return amax < vsplat(GROUP_MAX_EPS);
+}
+
+AI v8f qx_lanes(int n, int nmax, const v8f *X, v8i *L) {
+    v8f max, W[16], WX[16];
+    const v8i zero = absmax_weights_lanes(n, X, &max, W, WX);
     v8f iscale = vsplat((float)-nmax) / max;
     v8f sumlx = vsplat(0), suml2 = vsplat(0);
     for (int i = 0; i < n; ++i) {
@@ -739,19 +745,8 @@ AI v8f qx_lanes(int n, int nmax, const v8f *X, v8i *L) {
 /* make_q3_quants (do_rmse) on lanes: X [n]; L [n] out (0 .. 2 nmax - 1, or 0 for a zero
  * sub-block).  A lane whose pass changed nothing leaves the loop, as ggml's break does. */
 AI v8f q3_lanes(int n, int nmax, const v8f *X, v8i *L) {
-    v8f amax = vsplat(0), max = vsplat(0);
-    for (int i = 0; i < n; ++i) {
-        const v8f ax = vabs(X[i]);
-        const v8i m = ax > amax;
-        amax = vsel(m, ax, amax);
-        max = vsel(m, X[i], max);
-    }
-    const v8i zero = amax < vsplat(GROUP_MAX_EPS);
-    v8f W[16], WX[16];
-    for (int i = 0; i < n; ++i) {
-        W[i] = X[i] * X[i];
-        WX[i] = W[i] * X[i];
-    }
+    v8f max, W[16], WX[16];
+    const v8i zero = absmax_weights_lanes(n, X, &max, W, WX);
     const v8f iscale = vsplat((float)-nmax) / max;
     v8f sumlx = vsplat(0), suml2 = vsplat(0);
     for (int i = 0; i < n; ++i) {
@@ -808,21 +803,28 @@ AI void q2_k_lanes(const float *x, uint8_t *y) {
     q2_k_finish(x, y, scales, mins, L);
 }
 
-AI void q3_k_lanes(const float *x, uint8_t *y) {
+/* Q3_K (make_q3_quants, nmax 4) and Q6_K (make_qx_quants, nmax 32): 16 sub-blocks of 16, two
+ * groups of 8 lanes, then the scalar finish. */
+AI void signed_k_lanes(const float *x, uint8_t *y, int q6) {
     float scales[16];
     int8_t L[QK_K];
     for (int g = 0; g < 2; ++g) {
         v8f X[16];
         v8i Lv[16];
         gather(x, 8 * g, 16, X);
-        const v8f sc = q3_lanes(16, 4, X, Lv);
+        const v8f sc = q6 ? qx_lanes(16, 32, X, Lv) : q3_lanes(16, 4, X, Lv);
         for (int k = 0; k < 8; ++k) {
             scales[8 * g + k] = sc[k];
             for (int i = 0; i < 16; ++i) L[16 * (8 * g + k) + i] = (int8_t)Lv[i][k];
         }
     }
-    q3_k_finish(x, y, scales, L);
+    if (q6)
+        q6_k_finish(x, y, scales, L);
+    else
+        q3_k_finish(x, y, scales, L);
 }
+
+AI void q3_k_lanes(const float *x, uint8_t *y) { signed_k_lanes(x, y, 0); }
 
 AI void q45_k_lanes(const float *x, uint8_t *y, int nmax, float rmin, int nstep, uint8_t *L) {
     float scales[8], mins[8];
@@ -853,21 +855,7 @@ AI void q5_k_lanes(const float *x, uint8_t *y) {
     q5_k_pack(y, L);
 }
 
-AI void q6_k_lanes(const float *x, uint8_t *y) {
-    float scales[16];
-    int8_t L[QK_K];
-    for (int g = 0; g < 2; ++g) {
-        v8f X[16];
-        v8i Lv[16];
-        gather(x, 8 * g, 16, X);
-        const v8f sc = qx_lanes(16, 32, X, Lv);
-        for (int k = 0; k < 8; ++k) {
-            scales[8 * g + k] = sc[k];
-            for (int i = 0; i < 16; ++i) L[16 * (8 * g + k) + i] = (int8_t)Lv[i][k];
-        }
-    }
-    q6_k_finish(x, y, scales, L);
-}
+AI void q6_k_lanes(const float *x, uint8_t *y) { signed_k_lanes(x, y, 1); }
 
 /* The block loop of one type at one level: 0 the scalar functions, 1 the lane functions (in
  * the function's own ISA: baseline in run_lanes, AVX2 in run_lanes_avx2). */
