@@ -710,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="bench/results.json", help="where to write the results")
     ap.add_argument("--only", default="decode,kernels,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
                     help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py; "
-                         "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py)")
+                         "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py; remote, bench/remote.py)")
     ap.add_argument("--checkpoint-gb", default="0.5,1,2,4", help="source sizes of the checkpoint section (GiB, comma-separated)")
     ap.add_argument("--llama-gb", type=float, default=1.5, help="size of the llama section's fp16 checkpoint (GiB)")
     ap.add_argument("--gguf-hf-layers", type=int, default=4, help="layers of the gguf_hf section's Llama-shaped GGUF")
@@ -765,6 +765,10 @@ def main(argv: list[str] | None = None) -> int:
             from .gguf_quantize import bench_gguf_quantize
 
             bench_gguf_quantize(run, tmp, a.gguf_quantize_layers, a.gguf_quantize_presets.split(","))
+        if "remote" in only:
+            from .remote import bench_remote
+
+            bench_remote(run, tmp, a.quick)
         if "generate" in only:
             from .generate import bench_generate
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from . import tables
-from .container import read_header
+from .remote import is_url, read_header
 from .decode import decode
 from .layouts import canonical_view
 from .regions import element_table
@@ -286,6 +286,8 @@ def not_safetensors(path: str) -> QFormatError | None:
     GGUF file (magic ``GGUF``), a ZIP archive, or one whose 8-byte length prefix is 2^48 or
     more and reads as text (a README) or a Python object stream: no safetensors writer makes it.  None otherwise
     (a damaged safetensors file gets the container's own codes)."""
+    if is_url(path):
+        return None  # a URL is read by ranges; its header's own codes say what is wrong
     try:
         with open(path, "rb") as f:
             head = f.read(8)
@@ -482,7 +484,7 @@ def check_index(path: str, payload: bool = True, digests: bool | None = None,
     reports, probs = [], [_problem(e, path) for e in found]
     exposed: dict[str, str] = {}  # name a reader returns -> the first shard exposing it (§14)
     for shard in index.shards:
-        sp = os.path.join(index.folder, shard)
+        sp = index.shard_path(shard)
         rep = check_file(sp, payload, digests, strict)
         reports.append(rep)
         try:

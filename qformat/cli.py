@@ -446,6 +446,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _closed_pipe(args)
 
 
+    finally:
+        _remote_note()
+
+
+def _remote_note() -> None:
+    """For http(s) arguments: how much was fetched (on stderr, so --json output stays JSON)."""
+    remote = sys.modules.get("qformat.remote")
+    if remote is None:
+        return
+    nbytes, requests = remote.fetched_total()
+    if requests:
+        print(f"qformat: fetched {nbytes:,} bytes in {requests} HTTP request(s)", file=sys.stderr)
 #: Commands whose work is a written checkpoint: done before their report is printed.
 _WRITERS = ("convert", "quantize", "dequantize", "export")
 

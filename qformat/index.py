@@ -25,6 +25,16 @@ class Index:
     def shards(self) -> list[str]:
         return sorted(set(self.weight_map.values()))
 
+    def shard_path(self, shard: str) -> str:
+        """Where shard file ``shard`` is: next to the index (a path, or a URL for a remote index)."""
+        from .remote import is_url
+
+        if is_url(self.folder):
+            from urllib.parse import quote
+
+            return self.folder + quote(shard)
+        return os.path.join(self.folder, shard)
+
 
 def read_index(path: str | os.PathLike[str]) -> Index:
     """Parse and validate an index file (not its shards); raises INDEX_INVALID / FILE_UNREADABLE."""
@@ -40,9 +50,15 @@ def scan_index(path: str | os.PathLike[str]) -> tuple[Index, list[QFormatError]]
     """
     path = os.fspath(path)
     limit = tables.limits()["max_index_bytes"]
+    from .remote import fetch_bytes, is_url
+
+    remote = is_url(path)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(limit + 1)
+        if remote:  # at most limit + 1 bytes, whatever the server says the length is
+            raw = fetch_bytes(path, limit)
+        else:
+            with open(path, "rb") as f:
+                raw = f.read(limit + 1)
     except OSError as e:
         raise error("FILE_UNREADABLE", f"cannot read {path!r}: {e.strerror or e}") from None
     if len(raw) > limit:
@@ -58,14 +74,15 @@ def scan_index(path: str | os.PathLike[str]) -> tuple[Index, list[QFormatError]]
     wm = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise error("INDEX_INVALID", f"{os.path.basename(path)!r} is not a sharded-checkpoint index: expected an object 'weight_map' mapping tensor names to shard file names (a .safetensors file or a *.safetensors.index.json is read; `qformat convert` reads other formats)", field="weight_map")
-    folder = os.path.dirname(os.path.abspath(path))
+    # A remote index's shards are resolved relative to its URL (the part up to its last '/').
+    folder = path.split("?", 1)[0].rsplit("/", 1)[0] + "/" if remote else os.path.dirname(os.path.abspath(path))
     problems = []
     bad = set()
     for shard in sorted(set(wm.values())):
         if shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard:
             problems.append(error("INDEX_INVALID", f"shard name {shard!r} must be a plain file name inside the index's folder", field="weight_map"))
             bad.add(shard)
-        elif not os.path.isfile(os.path.join(folder, shard)):
+        elif not remote and not os.path.isfile(os.path.join(folder, shard)):  # a remote shard: its own open says
             problems.append(error("INDEX_INVALID", f"shard {shard!r} listed in the index does not exist", field="weight_map"))
             bad.add(shard)
     return Index(path, folder, {k: v for k, v in wm.items() if v not in bad}), problems
@@ -85,4 +102,7 @@ def mismatches(index: Index, shard: str, header: Header, model: FileModel) -> li
 
 def is_index(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` names an index (``*.json``) rather than a safetensors file."""
-    return os.fspath(path).endswith(".json")
+    from .remote import is_url
+
+    path = os.fspath(path)
+    return path.split("?", 1)[0].endswith(".json") if is_url(path) else path.endswith(".json")

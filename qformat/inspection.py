@@ -99,6 +99,8 @@ class Opened:
         return list(self.ck.files)
 
     def file_bytes(self) -> int:
+        if self.ck.kind == "safetensors" and all(f in self.ck._headers for f in self.ck.files):
+            return sum(self.ck._headers[f].file_size for f in self.ck.files)  # also right for a remote file
         return sum(os.path.getsize(os.path.join(self.ck.folder, f)) for f in self.ck.files)
 
     def info(self, name: str) -> TensorInfo | None:

@@ -12,7 +12,8 @@ import numpy as np
 from . import dtypes as _dt
 from .checkpoint import Shard, iter_shards
 from .checkpoint import load_checkpoint as _load_shards
-from .container import read_header, write_file
+from .container import write_file
+from .remote import is_url, read_header
 from .decode import decode
 from .descriptor import Descriptor, parse_descriptor
 from .errors import error, raise_first
@@ -20,6 +21,7 @@ from .index import is_index
 from .model import METADATA_KEY, FileModel, interpret, required_version
 from .qtensor import QTensor
 from .regions import Region
+from .remote_slicing import remote_plain, remote_region, remote_slice
 from .slicing import describe_alignment, is_aligned, slice_qtensor
 from .sources import ArraySource, FileSource, plain_shape
 from .validate import validate_descriptor
@@ -63,7 +65,8 @@ class SafeOpen(_SliceMethods):
         if shard is None:
             header = read_header(self.path)
             src = FileSource(self.path, header)
-            shard = Shard(self.path, os.path.basename(self.path), header, interpret(header, src), src)
+            shard = Shard(self.path, self.path.rsplit("/", 1)[-1] if is_url(self.path) else os.path.basename(self.path),
+                          header, interpret(header, src), src)
         self.header = shard.header
         self._src: FileSource | None = shard.source
         self.model: FileModel = shard.model
@@ -158,6 +161,8 @@ class SafeOpen(_SliceMethods):
         self.require(name)
         raise_first(self.model.tensor_problems.get(name, []))
         self._check_digests(name)
+        if region is not None and self.source.remote is not None:
+            return remote_plain(self.source, name, region)
         a = self.source.plain(name)
         return a if region is None else a[tuple(slice(lo, hi) for lo, hi in region)]
 
@@ -183,7 +188,12 @@ class SafeOpen(_SliceMethods):
         tensors: copied as stored)."""
         if not self.is_quantized(name):
             return np.array(self.plain_array(name, region))
-        return decode(self.validated_descriptor(name), self.source, region, tensor=name)
+        desc = self.validated_descriptor(name)
+        if region is not None and self.source.remote is not None:
+            # A remote file: fetch only the block-aligned box around the region, then decode
+            # the region out of that box (the same values: SPEC.md §8.4).
+            return decode(*remote_region(self.source, desc, region, name), tensor=name)
+        return decode(desc, self.source, region, tensor=name)
 
     def shape(self, name: str) -> tuple[int, ...]:
         if not self.is_quantized(name):
@@ -200,7 +210,10 @@ class SafeOpen(_SliceMethods):
         desc = self.validated_descriptor(name)
         if not is_aligned(desc, region):
             raise error("SLICE_INVALID", "the box is not block-aligned: " + describe_alignment(desc, region), tensor=name)
-        sub, comps = slice_qtensor(desc, self.source, region)
+        if self.source.remote is not None:
+            sub, comps = remote_slice(self.source, desc, region)
+        else:
+            sub, comps = slice_qtensor(desc, self.source, region)
         return QTensor(sub, comps)
 
 
@@ -399,7 +412,10 @@ class CheckpointOpen(_SliceMethods):
 
 def _readable(path: str) -> None:
     """FILE_UNREADABLE, saying what ``path`` is and what reads it, for a path that is neither
-    a safetensors file nor an index: a folder, a GGUF file, a missing path."""
+    a safetensors file nor an index: a folder, a GGUF file, a missing path (an http(s) URL is
+    checked when it is opened, by range requests)."""
+    if is_url(path):
+        return
     if os.path.isdir(path):
         idx = [f for f in sorted(os.listdir(path)) if f.endswith(".safetensors.index.json")]
         hint = f"open its index {idx[0]!r}" if idx else "open one of its .safetensors files"
@@ -427,7 +443,12 @@ def safe_open(path: str | os.PathLike[str], framework: str = "numpy", verify: bo
     ``verify``: check the digests a 1.2 file records (SPEC.md §3.8) of the stored tensors of
     each tensor before it is first returned (DIGEST_MISMATCH refuses that tensor;
     DIGEST_UNSUPPORTED, an algorithm this reader lacks, the whole file).  Off by default: it
-    reads every byte of a tensor, even for a slice."""
+    reads every byte of a tensor, even for a slice.
+
+    ``path`` may be an ``http://`` or ``https://`` URL (of a file or of an index, whose shards
+    are resolved relative to it): the header and then only the bytes of the tensors, or of the
+    block-aligned boxes of slices, asked for are fetched by HTTP range requests
+    (:mod:`qformat.remote`; ``source.bytes_fetched`` counts them)."""
     if framework not in ("numpy", "np"):
         raise error("FRAMEWORK_UNKNOWN", f"the core reader returns NumPy arrays (framework 'numpy'), found {framework!r}; use the torch or JAX reader for those")
     path = os.fspath(path)

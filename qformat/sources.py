@@ -6,10 +6,12 @@ saving and a file after opening it.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 import math
 import mmap
-from typing import Mapping, Protocol
+import threading
+from typing import Iterator, Mapping, Protocol
 
 import ml_dtypes
 import numpy as np
@@ -105,6 +107,19 @@ class FileSource:
     def __init__(self, path: str, header: Header):
         self.path = path
         self.header = header
+        #: for an http(s):// URL, the :class:`~qformat.remote.RemoteFile` whose sparse mirror is
+        #: mapped instead of the file: its bytes are fetched by range before they are viewed.
+        self.remote = None
+        # per thread (see :meth:`deferred`): views of a remote mirror returned unfetched
+        self._local = threading.local()
+        from .remote import is_url
+
+        if is_url(path):
+            from .remote import take_remote
+
+            self.remote = take_remote(path, header)
+            self._mm = self.remote.mm
+            return
         try:
             with open(path, "rb") as f:
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if header.file_size else None
@@ -118,8 +133,31 @@ class FileSource:
     def entry(self, name: str) -> Entry:
         return self.header.entries[name]
 
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes read over the network for a remote file (0 for a local one)."""
+        return 0 if self.remote is None else self.remote.bytes_fetched
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Within the block, on this thread only, a remote file's arrays are views of its mirror
+        whether fetched or not (unfetched bytes read as zeros): for finding, by a dry run, which
+        byte ranges an operation reads (:mod:`qformat.remote_slicing`), and for views of ranges
+        fetched beforehand.  Other threads still fetch what they view."""
+        self._local.defer = True
+        try:
+            yield
+        finally:
+            self._local.defer = False
+
+    def _fetch(self, e: Entry) -> None:
+        """A remote file: fetch tensor ``e``'s bytes (unless deferred); local files: nothing."""
+        if self.remote is not None and e.nbytes and not getattr(self._local, "defer", False):
+            self.remote.ensure([(self.header.data_start + e.begin, e.nbytes)])
+
     def array(self, name: str) -> np.ndarray:
         e = self.header.entries[name]
+        self._fetch(e)
         dt = _dt.storage_numpy(e.dtype)
         if dt is None:
             raise error("PLAIN_DTYPE_UNSUPPORTED", f"dtype {e.dtype} has no plain NumPy view", tensor=name)
@@ -144,6 +182,7 @@ class FileSource:
             raise error("SHAPE_UNREPRESENTABLE", msg, tensor=name, field="shape")
         if how == "view":
             return self.array(name)
+        self._fetch(e)
         raw = (np.frombuffer(self._mm, dtype=np.uint8, count=e.nbytes, offset=self.header.data_start + e.begin)
                if e.nbytes and self._mm is not None else np.zeros(0, np.uint8))
         if how == "bytes":

@@ -941,7 +941,36 @@ def _export_unknown_tokenizer(tmp: Path, valid: Path, vocab_size: int | None = N
     return export_checkpoint(folder, tmp / "o.gguf", to="gguf")
 
 
+def _remote(**faults: Any) -> Callable[[Path, Path], Any]:
+    """Read the valid file over HTTP from a loopback server with ``faults`` (tests/range_server.py;
+    tests/test_remote.py tests every fault mode in depth), without retries."""
+
+    def call(tmp: Path, valid: Path) -> Any:
+        from qformat import remote
+
+        from .range_server import Faults, serve_ranges
+
+        redirect = faults.pop("cross_host", False)
+        old = remote.DEFAULT_OPTIONS
+        remote.DEFAULT_OPTIONS = remote.HttpOptions(connect_timeout=2, read_timeout=2, retries=0, backoff_s=0)
+        try:
+            with serve_ranges(valid.parent) as target, serve_ranges(valid.parent, Faults(**faults)) as url:
+                if redirect:
+                    url.faults.redirect_to = target.replace("127.0.0.1", "localhost")
+                return qformat.load_file(url + valid.name)
+        finally:
+            remote.DEFAULT_OPTIONS = old
+
+    return call
+
+
 USAGE_CASES = [
+    U("REMOTE_UNREACHABLE", "connection-dropped", _remote(drop_first=5)),
+    U("REMOTE_HTTP_ERROR", "forbidden", _remote(status=403)),
+    U("REMOTE_RANGE_IGNORED", "answers-200", _remote(ignore_range=True)),
+    U("REMOTE_RANGE_INVALID", "body-one-byte-short", _remote(wrong_length=True)),
+    U("REMOTE_CHANGED", "file-changes-after-the-header", _remote(change_after=2)),
+    U("REMOTE_REDIRECT_REFUSED", "redirect-to-another-host", _remote(cross_host=True)),
     U("LOAD_MISMATCH", "config-does-not-fit-weights", _load_mismatch),
     U("EXPORT_TOKENIZER_UNKNOWN", "gguf-tokenizer-not-in-llama-cpp-table", _export_unknown_tokenizer),
     U("EXPORT_TOKENIZER_INVALID", "gguf-tokenizer-beyond-the-vocabulary", lambda tmp, v: _export_unknown_tokenizer(tmp, v, vocab_size=8)),

@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from ..container import Header, read_header
+from ..container import Header
+from ..remote import read_header
 from ..errors import error, raise_first
 from ..index import is_index, mismatches, read_index
 from ..model import FileModel, interpret
@@ -29,6 +30,12 @@ class Shard:
     source: FileSource
 
 
+def _basename(path: str) -> str:
+    from ..remote import is_url, url_basename
+
+    return url_basename(path) if is_url(path) else os.path.basename(path)
+
+
 def iter_shards(path: str | os.PathLike[str]) -> Iterator[Shard]:
     """The files of a checkpoint, in a stable order, each with its header and model.
 
@@ -40,11 +47,11 @@ def iter_shards(path: str | os.PathLike[str]) -> Iterator[Shard]:
     if not is_index(path):
         header = read_header(path)
         src = FileSource(path, header)
-        yield Shard(path, os.path.basename(path), header, interpret(header, src), src)
+        yield Shard(path, _basename(path), header, interpret(header, src), src)
         return
     index = read_index(path)
     for shard in index.shards:
-        sp = os.path.join(index.folder, shard)
+        sp = index.shard_path(shard)
         header = read_header(sp)
         src = FileSource(sp, header)
         model = interpret(header, src)

@@ -17,7 +17,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from ..container import Header, TensorSpec, read_header, strict_json
+from ..container import Header, TensorSpec, strict_json
+from ..remote import read_header
 from ..errors import QFormatError, error
 from ..model import METADATA_KEY
 from ..pipeline import Component
@@ -82,6 +83,18 @@ def parse_json_text(text: str, what: str, tensor: str | None = None, field: str 
 
 def read_json_file(path: str) -> Any:
     """Strictly parse a JSON side file (size-bounded; see :func:`parse_json_text`)."""
+    from ..remote import fetch_bytes, is_url
+
+    if is_url(path):
+        raw = fetch_bytes(path, MAX_SIDE_JSON_BYTES)
+        name = path.rsplit("/", 1)[-1]
+        if len(raw) > MAX_SIDE_JSON_BYTES:
+            raise source_error(f"{name} is more than the {MAX_SIDE_JSON_BYTES} bytes allowed for a side file")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise source_error(f"cannot read {name} as UTF-8 text: {e}") from None
+        return parse_json_text(text.lstrip("\ufeff \t\r\n"), name)
     name = os.path.basename(path)
     try:
         size = os.path.getsize(path)
@@ -104,13 +117,23 @@ class Checkpoint:
     """
 
     def __init__(self, path: str | os.PathLike[str]):
-        self.path = os.path.abspath(os.fspath(path))
+        from ..remote import is_url, url_basename
+
+        remote = is_url(os.fspath(path))
+        self.path = os.fspath(path) if remote else os.path.abspath(os.fspath(path))
         self.kind = "safetensors"
         self.folder: str
         self.files: list[str] = []  # safetensors file names, relative to folder
         self.index: dict[str, Any] | None = None  # the parsed index.json, for sharded sources
         self.index_name: str | None = None
-        if os.path.isdir(self.path):
+        if remote:  # an http(s) safetensors file or index: its "folder" is its URL up to the last '/'
+            self.folder = self.path.split("?", 1)[0].rsplit("/", 1)[0] + "/"
+            base = url_basename(self.path)
+            if base.endswith(".safetensors.index.json"):
+                self._read_index(base)
+            else:
+                self.files = [base]
+        elif os.path.isdir(self.path):
             self.folder = self.path
             idx = sorted(n for n in os.listdir(self.path) if n.endswith(".safetensors.index.json"))
             if idx:
@@ -192,6 +215,8 @@ class Checkpoint:
             raise
 
     def _parse_index(self, name: str) -> None:
+        from ..remote import is_url
+
         idx = read_json_file(os.path.join(self.folder, name))
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
         if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
@@ -200,7 +225,7 @@ class Checkpoint:
         for f in files:
             if f in ("", ".", "..") or "/" in f or "\\" in f or os.path.isabs(f):
                 raise source_error(f"{name} names shard {f!r}, which is not a plain file name in the index's folder")
-            if not os.path.isfile(os.path.join(self.folder, f)):
+            if not is_url(self.folder) and not os.path.isfile(os.path.join(self.folder, f)):  # remote: its open says
                 raise source_error(f"{name} names shard {f!r}, which does not exist")
         self.index, self.index_name, self.files = idx, name, files
 

@@ -14,6 +14,23 @@ export interface ByteSource {
   read(offset: number, length: number): Uint8Array;
 }
 
+/** Random access to a file's bytes that arrive later (a Blob, a URL); `bytesFetched` counts what read() produced. */
+export interface AsyncByteSource {
+  readonly size: number;
+  read(offset: number, length: number): Promise<Uint8Array>;
+  readonly bytesFetched: number;
+}
+
+/** The synchronous view of the ranges fetched so far through an AsyncByteSource (what the decoder reads). */
+export class RangeCache implements ByteSource {
+  constructor(size: number);
+  readonly size: number;
+  add(start: number, bytes: Uint8Array): void;
+  has(offset: number, length: number): boolean;
+  read(offset: number, length: number): Uint8Array;
+  release(keep: number): void;
+}
+
 /** A decoded tensor. */
 export interface Tensor {
   /** Logical dtype ("float32", "float16", "bfloat16") of a qformat tensor, or the safetensors dtype of a plain tensor. */
@@ -79,3 +96,81 @@ export function f16ToF32(bits: number): number;
 export function bf16ToF32(bits: number): number;
 /** The binary32 value of every code of a float element format (SPEC.md §6.3). */
 export function floatLut(format: string): Float32Array;
+
+/** An AsyncByteSource over bytes in memory (the in-memory case of the path Blobs and URLs take). */
+export function bufferSource(bytes: ArrayBuffer | ArrayBufferView): AsyncByteSource;
+/** An AsyncByteSource over a Blob (a browser File): each read is Blob.slice of that range. */
+export function blobSource(blob: Blob): AsyncByteSource;
+
+export interface UrlOptions {
+  /** The fetch to use (default: globalThis.fetch). */
+  fetch?: typeof fetch;
+  /** Further attempts after a network error or a 5xx (default 3). */
+  retries?: number;
+  /** The first retry's delay in ms, doubled for each next one (default 200). */
+  backoffMs?: number;
+  /** The first request's length (default PROBE_BYTES, 65536): the header length and, usually, the header. */
+  probeBytes?: number;
+  /** Extra request headers (Authorization, ...). */
+  headers?: Record<string, string>;
+}
+export const PROBE_BYTES: number;
+/**
+ * Open a URL for HTTP range reads (Node 18+, browsers).  Rejects with a QFormatError:
+ * REMOTE_HTTP_ERROR, REMOTE_RANGE_IGNORED, REMOTE_RANGE_INVALID, REMOTE_CHANGED,
+ * REMOTE_REDIRECT_REFUSED, REMOTE_UNREACHABLE (as do its reads).
+ */
+export function urlSource(url: string | URL, opts?: UrlOptions): Promise<AsyncByteSource & {
+  readonly url: string; readonly requests: number; readonly etag: string | null; readonly lastModified: string | null; readonly prefix: Uint8Array;
+}>;
+
+export interface LazyOptions {
+  verify?: boolean;
+  sha256?: (bytes: Uint8Array) => string;
+  /** At most this many reads in flight at once (default MAX_PARALLEL, 4). */
+  parallel?: number;
+}
+export const MAX_PARALLEL: number;
+export const PART_BYTES: number;
+
+/** A file read through an AsyncByteSource: QFile's methods; those that decode fetch first, so they are async. */
+export class LazyFile {
+  readonly src: AsyncByteSource;
+  readonly cache: RangeCache;
+  /** The synchronous QFile over the fetched ranges. */
+  readonly file: QFile;
+  readonly size: number;
+  /** Bytes read from the source so far (the header included). */
+  readonly bytesFetched: number;
+  keys(): string[];
+  metadata(): Record<string, string> | null;
+  fileOrder(): string[];
+  problems(): QFormatError[];
+  descriptor(name: string): Record<string, unknown> | null;
+  isQuantized(name: string): boolean;
+  shape(name: string): number[];
+  /** The stored tensors (components, or the plain tensor itself) that decoding `name` reads. */
+  stored(name: string): string[];
+  /** Fetch the stored bytes of `names` (adjacent ranges coalesced, bounded parallelism). */
+  fetchTensors(names: string[]): Promise<void>;
+  getTensor(name: string): Promise<Tensor>;
+  getSlice(name: string, rows: [number, number]): Promise<Tensor>;
+  read(name: string, box?: [number, number][] | null): Promise<Tensor>;
+  loadAll(): Promise<Map<string, Tensor>>;
+  /** check() of the whole file (reads every stored byte). */
+  check(opts?: { strict?: boolean; digests?: boolean; sha256?: (bytes: Uint8Array) => string }): Promise<QFormatError[]>;
+  /** Drop the fetched tensors' bytes (the header stays); later reads fetch them again. */
+  release(): void;
+}
+/** Open through any AsyncByteSource: the 8-byte length, then the header (if its length passes the container checks), nothing else. */
+export function openAsync(src: AsyncByteSource, opts?: LazyOptions): Promise<LazyFile>;
+/** Open a URL by HTTP range requests. */
+export function openUrl(url: string | URL, opts?: UrlOptions & LazyOptions): Promise<LazyFile>;
+/** Open a Blob (a browser File), read lazily by Blob.slice. */
+export function openBlob(blob: Blob, opts?: LazyOptions): Promise<LazyFile>;
+/** Open bytes in memory by the same path as Blobs and URLs. */
+export function openBytesAsync(bytes: ArrayBuffer | ArrayBufferView, opts?: LazyOptions): Promise<LazyFile>;
+/** check() through an AsyncByteSource: a refused container gives its one problem; a failed transfer rejects. */
+export function checkAsync(src: AsyncByteSource, opts?: { strict?: boolean; digests?: boolean; sha256?: (bytes: Uint8Array) => string }): Promise<QFormatError[]>;
+/** Fetch the [start, end) ranges `cache` lacks into it (coalesced, in parts, `parallel` at a time). */
+export function fetchRanges(src: AsyncByteSource, cache: RangeCache, ranges: [number, number][], parallel?: number): Promise<void>;

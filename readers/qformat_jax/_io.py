@@ -13,6 +13,7 @@ import qformat
 from qformat.descriptor import Descriptor
 from qformat.errors import error, raise_first
 from qformat.index import is_index
+from qformat.remote_slicing import remote_slice
 from qformat.io import parse_index
 from qformat.slicing import RecordingSource, aligned_region, describe_alignment, is_aligned, slice_qtensor
 
@@ -159,7 +160,10 @@ def load_region(f: qformat.io.SafeOpen, name: str, region: Any, device: Any = No
     region = tuple((int(lo), int(hi)) for lo, hi in region)
     A = aligned_region(desc, region)
     src = RecordingSource(f.source) if read_log is not None else f.source
-    sub, comps = slice_qtensor(desc, src, A)
+    if f.source.remote is not None and read_log is None:
+        sub, comps = remote_slice(f.source, desc, A)  # an http(s) file: only the box's bytes are fetched
+    else:
+        sub, comps = slice_qtensor(desc, src, A)
     sub_desc = Descriptor.from_dict(sub)
     cut = None if A == region else tuple((lo - alo, hi - alo) for (lo, hi), (alo, _) in zip(region, A))
     if host_decodes(device, decoder):

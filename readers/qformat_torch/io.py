@@ -18,6 +18,7 @@ import torch
 import qformat
 from qformat.errors import error, raise_first
 from qformat.index import is_index
+from qformat.remote_slicing import remote_region
 from qformat.io import SafeOpen as CoreSafeOpen
 from qformat.io import Slice as CoreSlice
 from qformat.io import index_plan, parse_index
@@ -76,8 +77,13 @@ class SafeOpen:
         dtype (plain tensors: copied as stored)."""
         if not self.core.is_quantized(name):
             return numpy_to_torch(self.core.plain_array(name, region), self.device, self.header.entries[name].dtype)
+        desc = self.core.validated_descriptor(name)
+        if region is not None and self.core.source.remote is not None:
+            # an http(s) file: only the block-aligned box around the region is fetched
+            sub, comps, inner = remote_region(self.core.source, desc, region, name)
+            return decode(sub, ArrayTorchSource(comps, self.device), inner, tensor=name)
         src = ArrayTorchSource(self.core.source, self.device)
-        return decode(self.core.validated_descriptor(name), src, region, tensor=name)
+        return decode(desc, src, region, tensor=name)
 
     def get_tensor(self, name: str) -> torch.Tensor:
         """The tensor decoded to its logical dtype on the device (plain tensors: as stored)."""

@@ -10,7 +10,9 @@ import { checkPayload } from "./check.js";
 import { DIGEST_DIGITS, digestProblems, sha256Hex } from "./digest.js";
 
 export { QFormatError } from "./errors.js";
-export { memorySource } from "./source.js";
+export { memorySource, bufferSource, blobSource, RangeCache } from "./source.js";
+export { urlSource, PROBE_BYTES } from "./http.js";
+export { openAsync, openUrl, openBlob, openBytesAsync, checkAsync, fetchRanges, LazyFile, MAX_PARALLEL, PART_BYTES } from "./lazy.js";
 export { parseStrict, JsonError } from "./json.js";
 export { f32ToF16Bits, f32ToBf16Bits, f16ToF32, bf16ToF32, floatLut } from "./floats.js";
 export { encodeSafetensors } from "./write.js";

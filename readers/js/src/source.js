@@ -18,3 +18,88 @@ export function memorySource(bytes) {
     : new Uint8Array(bytes);
   return { size: u8.length, read: (off, len) => u8.subarray(off, off + len) };
 }
+
+// Asynchronous byte sources: bytes that arrive later (a Blob in the browser, a URL read by HTTP
+// range requests).  The decoder stays synchronous: src/lazy.js fetches the ranges a call needs
+// through one of these first, into a RangeCache, which is the ByteSource the decoder reads.
+
+/**
+ * @typedef {object} AsyncByteSource
+ * @property {number} size  total number of bytes
+ * @property {(offset: number, length: number) => Promise<Uint8Array>} read  the bytes [offset, offset+length)
+ * @property {number} bytesFetched  how many bytes read() has produced so far
+ */
+
+/**
+ * An AsyncByteSource over bytes in memory: the in-memory case of the path Blobs and URLs take.
+ * @param {ArrayBuffer|ArrayBufferView} bytes
+ * @returns {AsyncByteSource}
+ */
+export function bufferSource(bytes) {
+  const mem = memorySource(bytes);
+  const src = {
+    size: mem.size,
+    bytesFetched: 0,
+    async read(/** @type {number} */ off, /** @type {number} */ len) {
+      src.bytesFetched += len;
+      return mem.read(off, len);
+    },
+  };
+  return src;
+}
+
+/**
+ * An AsyncByteSource over a Blob (a File from a picker or a drop): each read is Blob.slice of
+ * just that range, so a large local file is never read whole.
+ * @param {Blob} blob
+ * @returns {AsyncByteSource}
+ */
+export function blobSource(blob) {
+  const src = {
+    size: blob.size,
+    bytesFetched: 0,
+    async read(/** @type {number} */ off, /** @type {number} */ len) {
+      const u8 = new Uint8Array(await blob.slice(off, off + len).arrayBuffer());
+      src.bytesFetched += u8.length;
+      return u8;
+    },
+  };
+  return src;
+}
+
+/**
+ * A ByteSource over the ranges fetched so far: the synchronous view the decoder reads.  Every
+ * read must fall inside one fetched range; src/lazy.js fetches whole entries, so it always does.
+ */
+export class RangeCache {
+  /** @param {number} size */
+  constructor(size) {
+    this.size = size;
+    /** @type {{start: number, bytes: Uint8Array}[]} */
+    this.chunks = [];
+  }
+
+  /** @param {number} start @param {Uint8Array} bytes */
+  add(start, bytes) {
+    this.chunks.push({ start, bytes });
+  }
+
+  /** @param {number} off @param {number} len */
+  has(off, len) {
+    return this.chunks.some((c) => c.start <= off && off + len <= c.start + c.bytes.length);
+  }
+
+  /** @param {number} off @param {number} len @returns {Uint8Array} */
+  read(off, len) {
+    for (const c of this.chunks) {
+      if (c.start <= off && off + len <= c.start + c.bytes.length) return c.bytes.subarray(off - c.start, off - c.start + len);
+    }
+    // a bug of the caller (lazy.js fetches before it decodes), not a property of the file
+    throw new Error(`bytes [${off}, ${off + len}) were read before they were fetched`);
+  }
+
+  /** Forget every range that does not start before `keep` (the header stays). @param {number} keep */
+  release(keep) {
+    this.chunks = this.chunks.filter((c) => c.start < keep);
+  }
+}
