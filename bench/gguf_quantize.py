@@ -12,7 +12,9 @@ writes it for a float32 export.  Each preset runs:
 - ``llama-quantize model-F32.gguf out.gguf PRESET 2`` (2 threads), wall seconds of the process;
 - ``qformat quantize folder out --preset PRESET`` in a child interpreter (its own seconds,
   imports excluded; qformat's threads: one per CPU, at most 8, i.e. 2 on the 2-CPU machine the
-  figures in the README come from), peak resident set.
+  figures in the README come from), peak resident set;
+- ``PRESET+imatrix``: both with ``--imatrix`` of one written importance matrix (ggml's weighted
+  quantizers, a much longer search than the reference ones).
 
 Row ``x_llama_quantize`` is llama-quantize's seconds over qformat's (above 1: qformat is faster).
 Both write their whole output file(s); every tensor whose rows both keep in place (all but the
@@ -38,7 +40,10 @@ from .llama import HIDDEN, INTER, VOCAB
 HEADS = 16
 #: --quick: a model small enough for the test suite's smoke run.
 QUICK_DIMS = (256, 512, 512, 4)
-DEFAULT_PRESETS = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "Q3_K_M")
+DEFAULT_PRESETS = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "Q3_K_M", "Q4_K_M+imatrix")
+#: A preset named ``P+imatrix`` runs both tools with ``--imatrix`` (a written importance matrix
+#: for every 2-D weight but the embedding and head, as llama-imatrix makes them).
+IMATRIX = "+imatrix"
 
 
 def _tool() -> Path | None:
@@ -90,6 +95,20 @@ def build(folder: Path, layers: int, quick: bool = False) -> tuple[Path, Path]:
     return hf, g
 
 
+def _imatrix(base: Path, hf: Path) -> Path:
+    """A GGUF importance matrix for the model's 2-D weights but the embedding and head (seeded)."""
+    from qformat.gguf_presets import gguf_names
+    from tests.imatrix_files import write_gguf
+
+    cfg = json.loads((hf / "config.json").read_text())
+    rng = np.random.default_rng(12)
+    shapes = dict(_names(cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]))
+    entries = {g: (rng.gamma(1.0, 4.0, shapes[n][-1]).astype(np.float32), np.array([100.0]))
+               for n, g in gguf_names(list(shapes), cfg).items()
+               if g is not None and len(shapes[n]) == 2 and g not in ("token_embd.weight", "output.weight")}
+    return write_gguf(base / "imatrix.gguf", entries)
+
+
 def _check_same(ref: Path, q: Path) -> int:
     """Tensors of llama-quantize's file and qformat's output compared (decoded bits); q/k skipped."""
     import gguf
@@ -116,8 +135,10 @@ def _check_same(ref: Path, q: Path) -> int:
     return n
 
 
-def bench_gguf_quantize(run: Any, tmp: str, layers: int, presets: list[str]) -> None:
-    """Rows in section ``gguf_quantize`` (see the module docstring)."""
+def bench_gguf_quantize(run: Any, tmp: str, layers: int, presets: list[str] | None = None) -> None:
+    """Rows in section ``gguf_quantize`` (see the module docstring); ``presets`` default
+    :data:`DEFAULT_PRESETS`."""
+    presets = list(presets or DEFAULT_PRESETS)
     from .common import MB, _ckpt_children
 
     tool = _tool()
@@ -129,25 +150,33 @@ def bench_gguf_quantize(run: Any, tmp: str, layers: int, presets: list[str]) -> 
     hf, g32 = build(base, 1 if run.quick else layers, run.quick)
     print(f"\n[gguf_quantize] {1 if run.quick else layers} layers, F32 GGUF {g32.stat().st_size / MB:.0f} MB "
           f"(built in {time.perf_counter() - t0:.0f} s)", flush=True)
-    for preset in presets[:1] if run.quick else presets:
-        ref = base / f"llama-{preset}.gguf"
+    im: Path | None = None
+    # --quick: the first preset and the first with an importance matrix
+    chosen = (presets[:1] + [p for p in presets[1:] if p.endswith(IMATRIX)][:1]) if run.quick else presets
+    for name in chosen:
+        preset = name.removesuffix(IMATRIX)
+        extra: list[str] = []
+        if name.endswith(IMATRIX):
+            im = im or _imatrix(base, hf)
+            extra = ["--imatrix", str(im)]
+        ref = base / f"llama-{name}.gguf"
         os.sync()
         t0 = time.perf_counter()
-        r = subprocess.run([str(tool), str(g32), str(ref), preset, "2"], capture_output=True, text=True)
+        r = subprocess.run([str(tool), *extra, str(g32), str(ref), preset, "2"], capture_output=True, text=True)
         llama_s = time.perf_counter() - t0
         if r.returncode != 0:
             raise RuntimeError(r.stderr[-2000:])
-        out = base / f"qformat-{preset}"
+        out = base / f"qformat-{name}"
         os.sync()
-        q = _ckpt_children([["quantize", "--quiet", str(hf), str(out), "--preset", preset]], one_each=True)[0]
+        q = _ckpt_children([["quantize", "--quiet", str(hf), str(out), "--preset", preset, *extra]], one_each=True)[0]
         checked = _check_same(ref, out)
-        row = {"section": "gguf_quantize", "name": f"{preset}", "llama_quantize_s": llama_s, "qformat_s": q["seconds"],
+        row = {"section": "gguf_quantize", "name": name, "llama_quantize_s": llama_s, "qformat_s": q["seconds"],
                "x_llama_quantize": llama_s / q["seconds"], "qformat_peak_rss_MB": q["maxrss_kb"] / 1024,
                "tensors_checked_equal": checked, "threads": {"llama-quantize": 2, "qformat": min(os.cpu_count() or 1, 8)}}
         run.rows.append(row)
-        print(f"  {preset:<8} llama-quantize {llama_s:6.2f} s   qformat quantize --preset {q['seconds']:6.2f} s   "
+        print(f"  {name:<8} llama-quantize {llama_s:6.2f} s   qformat quantize --preset {q['seconds']:6.2f} s   "
               f"{row['x_llama_quantize']:5.2f}x   peak RSS {row['qformat_peak_rss_MB']:5.0f} MB   {checked} tensors equal", flush=True)
         if not run.quick:
-            run.target(f"gguf_quantize {preset}: llama-quantize seconds / qformat seconds", row["x_llama_quantize"], 1.0)
+            run.target(f"gguf_quantize {name}: llama-quantize seconds / qformat seconds", row["x_llama_quantize"], 1.0)
         for p in (ref,):
             p.unlink()

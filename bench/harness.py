@@ -716,8 +716,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf-hf-layers", type=int, default=4, help="layers of the gguf_hf section's Llama-shaped GGUF")
     ap.add_argument("--gguf-hf-type", default="Q4_0", help="ggml type of the gguf_hf section's weights (Q4_0, Q8_0, Q4_K, ...)")
     ap.add_argument("--gguf-quantize-layers", type=int, default=2, help="layers of the gguf_quantize section's Llama-shaped model")
-    ap.add_argument("--gguf-quantize-presets", default="Q4_K_M,Q5_K_M,Q6_K,Q8_0,Q4_0,Q3_K_M",
-                    help="presets of the gguf_quantize section (comma-separated)")
+    ap.add_argument("--gguf-quantize-presets", default=None,
+                    help="presets of the gguf_quantize section (comma-separated; P+imatrix: with an importance matrix; "
+                    "default: bench/gguf_quantize.py's DEFAULT_PRESETS)")
     ap.add_argument("--check-gb", type=float, default=4.0, help="size of the checked file (GiB)")
     ap.add_argument("--tmp", default=None, help="folder for the big temporary files (default: the system's)")
     a = ap.parse_args(argv)
@@ -764,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
         if "gguf_quantize" in only:
             from .gguf_quantize import bench_gguf_quantize
 
-            bench_gguf_quantize(run, tmp, a.gguf_quantize_layers, a.gguf_quantize_presets.split(","))
+            bench_gguf_quantize(run, tmp, a.gguf_quantize_layers, a.gguf_quantize_presets.split(",") if a.gguf_quantize_presets else None)
         if "remote" in only:
             from .remote import bench_remote
 

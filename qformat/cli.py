@@ -65,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
                    "(a recipe of scheme gguf; instead of --scheme and --recipe)")
     q.add_argument("--save-recipe", metavar="FILE", help="with --preset: also write the recipe the preset gives this checkpoint "
                    "(TOML, editable, for --recipe)")
+    q.add_argument("--imatrix", metavar="FILE", help="llama.cpp's importance matrix (llama-imatrix's GGUF or legacy .dat file), "
+                   "applied to scheme gguf's tensors as llama-quantize --imatrix applies it")
     q.add_argument("--max-shard-size", metavar="SIZE", help="shard the output, e.g. 5GB or 500MB (default: the source's files)")
     q.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     q.add_argument("--strict", action="store_true", help="refuse (QUANTIZE_PARTIAL_GROUPS) a group or block size that leaves "
@@ -363,12 +365,12 @@ def _quantize(args: argparse.Namespace) -> int:
             from .atomic import atomic_write
             from .checkpoint.quantize import preset_recipe
 
-            text = gguf_presets.recipe_toml(preset_recipe(args.src, args.preset))
+            text = gguf_presets.recipe_toml(preset_recipe(args.src, args.preset, args.imatrix))
             with atomic_write(args.save_recipe, "w", encoding="utf-8") as f:
                 f.write(text)
         s = quantize_checkpoint(args.src, args.dst, scheme=args.scheme, recipe=args.recipe, max_shard_size=args.max_shard_size,
                                 overwrite=args.overwrite, progress=None if (args.quiet or args.json) else sys.stderr,
-                                notice=stderr_notice, strict=args.strict, preset=args.preset, **params)
+                                notice=stderr_notice, strict=args.strict, preset=args.preset, imatrix=args.imatrix, **params)
         if args.json:
             print(json.dumps(s.to_dict(), indent=2))
         else:
@@ -444,8 +446,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except BrokenPipeError:
         return _closed_pipe(args)
-
-
     finally:
         _remote_note()
 
@@ -458,6 +458,8 @@ def _remote_note() -> None:
     nbytes, requests = remote.fetched_total()
     if requests:
         print(f"qformat: fetched {nbytes:,} bytes in {requests} HTTP request(s)", file=sys.stderr)
+
+
 #: Commands whose work is a written checkpoint: done before their report is printed.
 _WRITERS = ("convert", "quantize", "dequantize", "export")
 

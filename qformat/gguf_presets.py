@@ -4,8 +4,9 @@ gguf`` gives the file ``llama-quantize`` gives, tensor for tensor.
 
 The mixes are data (``tables/gguf_presets.json``: per preset, the default type and ordered
 [condition, type] rules for ``attn_v``, ``ffn_down`` and ``attn_output``); this module applies
-them as ``llama_tensor_get_type`` (llama.cpp ``src/llama-quant.cpp``) does for a dense model
-without an importance matrix:
+them as ``llama_tensor_get_type`` (llama.cpp ``src/llama-quant.cpp``) does for a dense model,
+with or without an importance matrix (with one, Q4_0 and Q5_0 give the first eighth of the
+``ffn_down`` layers Q4_1 / Q5_1, and Q2_K_S becomes possible):
 
 - which tensors: those llama.cpp quantizes (2 or more axes, name ending in ``weight``, not a
   norm, not ``ffn_gate_inp``, not position / token-type embeddings), by their GGUF names: a
@@ -79,13 +80,15 @@ def more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def _holds(cond: str, i: int, n: int, gqa: float) -> bool:
+def _holds(cond: str, i: int, n: int, gqa: float, has_imatrix: bool) -> bool:
     if cond == "always":
         return True
     if cond == "more_bits":
         return more_bits(i, n)
     if cond == "first_8th":
         return i < n // 8
+    if cond == "first_8th_imatrix":
+        return has_imatrix and i < n // 8
     if cond == "first_16th":
         return i < n // 16
     if cond == "first_2":
@@ -100,27 +103,31 @@ def _holds(cond: str, i: int, n: int, gqa: float) -> bool:
 @dataclass
 class Resolved:
     """A preset applied to one checkpoint: ``types`` maps each source tensor name to quantize to
-    its ggml type (absent: kept as it is); ``notes`` says where llama.cpp would differ."""
+    its ggml type (absent: kept as it is); ``notes`` says where llama.cpp would differ;
+    ``needs_imatrix``: the tensors llama-quantize refuses to quantize without an importance
+    matrix entry (Q2_K_S's Q2_K tensors other than the token embedding and output)."""
 
     preset: str
     types: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    needs_imatrix: list[str] = field(default_factory=list)
 
 
 def resolve(preset: str, shapes: Mapping[str, Sequence[int]], config: Mapping[str, Any] | None,
-            gguf_names: Mapping[str, str | None] | None = None) -> Resolved:
+            gguf_names: Mapping[str, str | None] | None = None, has_imatrix: bool = False) -> Resolved:
     """The types ``preset`` gives the tensors ``shapes`` (source name -> shape) of a model with
     ``config`` (config.json: ``num_hidden_layers``, ``num_attention_heads``,
     ``num_key_value_heads``, ``model_type``).  ``gguf_names``: each source name's GGUF name
-    (None: not in the GGUF file); by default the names are GGUF names already.  Raises
-    ENCODE_PARAM_INVALID for an unknown preset."""
+    (None: not in the GGUF file); by default the names are GGUF names already.
+    ``has_imatrix``: an importance matrix will be applied (``--imatrix``).  Raises
+    ENCODE_PARAM_INVALID for an unknown preset, or one that needs an importance matrix without one."""
     table = presets()
     if preset not in table:
         raise error("ENCODE_PARAM_INVALID", f"no preset {preset!r}; known: {', '.join(table)}", field="preset")
     p = table[preset]
-    if p.get("requires_imatrix"):
+    if p.get("requires_imatrix") and not has_imatrix:
         raise error("ENCODE_PARAM_INVALID", f"llama.cpp's {preset} needs an importance matrix (llama-quantize refuses it without "
-                    "one), and qformat does not take importance matrices yet; use Q2_K or Q3_K_S", field="preset")
+                    "one): give one with --imatrix FILE, or use Q2_K or Q3_K_S", field="preset")
     cfg = dict(config or {})
     to_gguf = {n: (gguf_names[n] if gguf_names is not None else n) for n in shapes}
     by_gguf = {g: n for n, g in to_gguf.items() if g is not None}
@@ -150,7 +157,7 @@ def resolve(preset: str, shapes: Mapping[str, Sequence[int]], config: Mapping[st
             i = counters.get(cat, 0)
             n = n_attn_v if cat == "attn_v" else n_layer
             for cond, typ in p.get(cat, []):
-                if _holds(cond, i, n, gqa):
+                if _holds(cond, i, n, gqa, has_imatrix):
                     t = typ
                     break
             if cat == "attn_v" and is_70b and t in ("Q3_K", "Q4_K"):
@@ -165,6 +172,8 @@ def resolve(preset: str, shapes: Mapping[str, Sequence[int]], config: Mapping[st
             out.notes.append(f"{name}: rows of {shape[-1]} are not a multiple of {SIZES[t][0]} ({t}); falling back to {fb} as llama.cpp does")
             t = fb
         out.types[name] = t
+        if p.get("requires_imatrix") and t == "Q2_K" and cat not in ("output", "token_embd"):
+            out.needs_imatrix.append(name)
     return out
 
 

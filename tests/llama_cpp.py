@@ -38,7 +38,7 @@ from pathlib import Path
 from . import llama_cpp_source
 
 # The tools the tests run (llama-cli needs the server target, which this build leaves out).
-TOOLS = ("llama-perplexity", "llama-tokenize", "llama-quantize")
+TOOLS = ("llama-perplexity", "llama-tokenize", "llama-quantize", "llama-imatrix")
 
 # cmake options, part of the cache key.  Why each:
 # - GGML_NATIVE=OFF alone is not portable: it then turns on SSE4.2, AVX, AVX2, BMI2, FMA and F16C

@@ -41,8 +41,9 @@ def test_bench_quick_runs_every_section(tmp_path, capsys):
 
 
 def test_bench_gguf_quantize_section(tmp_path, capsys):
-    """The llama-quantize comparison in --quick form: one preset on a one-layer model, its
-    tensors checked equal, or the section says it is skipped where llama.cpp is not built."""
+    """The llama-quantize comparison in --quick form: one preset on a one-layer model and the same
+    with an importance matrix, their tensors checked equal, or the section says it is skipped
+    where llama.cpp is not built."""
     out = tmp_path / "r.json"
     assert main(["--quick", "--only", "gguf_quantize", "--json", str(out), "--tmp", str(tmp_path)]) == 0
     rows = [r for r in json.loads(out.read_text())["rows"] if r["section"] == "gguf_quantize"]
@@ -50,7 +51,8 @@ def test_bench_gguf_quantize_section(tmp_path, capsys):
     if "[gguf_quantize] skipped" in printed:
         assert rows == []
         return
-    assert len(rows) == 1 and rows[0]["tensors_checked_equal"] >= 5 and rows[0]["x_llama_quantize"] > 0
+    assert [r["name"] for r in rows] == ["Q4_K_M", "Q4_K_M+imatrix"]
+    assert all(r["tensors_checked_equal"] >= 5 and r["x_llama_quantize"] > 0 for r in rows)
 
 
 # -- the fast paths the benchmark measures give the reference's bits -------------------------------

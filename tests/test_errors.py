@@ -983,6 +983,8 @@ USAGE_CASES = [
     U("QUANTIZE_SOURCE_QUANTIZED", "quantize-qformat-file", lambda tmp, v: qformat.quantize_checkpoint(v, tmp / "o.safetensors", scheme="nf4")),
     U("QUANTIZE_RECIPE_INVALID", "rule-matches-nothing", lambda tmp, v: qformat.quantize_checkpoint(
         _plain_file(tmp, v), tmp / "o.safetensors", recipe={"rules": [{"glob": "nope", "keep": True}]})),
+    U("IMATRIX_INVALID", "imatrix-not-an-imatrix-file", lambda tmp, v: qformat.quantize_checkpoint(
+        _plain_file(tmp, v), tmp / "o.safetensors", scheme="gguf", type="Q8_0", imatrix=v)),
     U("DEPENDENCY_MISSING", "plot-without-matplotlib", _plot_without_matplotlib),
     U("CONVERT_FORMAT_UNKNOWN", "plain-safetensors", _convert(_plain_file)),
     U("CONVERT_FORMAT_UNKNOWN", "unknown-from", _convert(lambda tmp, v: v, from_format="no-such-format")),

@@ -198,7 +198,7 @@ def test_preset_table_is_consistent() -> None:
             assert cat in ("attn_v", "ffn_down", "attn_output"), (name, cat)
             for cond, t in p[cat]:
                 assert t in TYPES
-                gguf_presets._holds(cond, 0, 8, 4.0)  # a KeyError for an unknown condition
+                gguf_presets._holds(cond, 0, 8, 4.0, True)  # a KeyError for an unknown condition
     import gguf
 
     for name, p in table.items():

@@ -461,16 +461,41 @@ rows = [rng.standard_normal(512), np.zeros(512), np.full(512, 0.25), rng.standar
 x = np.concatenate(rows).astype(np.float32)
 levels = [0, 1] + ([2] if gg.best_level() == 2 else [])
 runs = 0
-for t in TYPES:
-    want = quantize_blocks(x.reshape(-1, SIZES[t][0]), t).reshape(-1)
-    for lv in levels:
-        out = np.empty(want.size, np.uint8)
-        gg.quantize(t, x, out, lv)
-        assert np.array_equal(out, want), (t, lv)
-        runs += 1
-for bad in ((x[:33], np.empty(18, np.uint8)), (x[:32], np.empty(17, np.uint8))):
+import ml_dtypes
+for src, dt in ((0, np.float32), (1, np.float16), (2, ml_dtypes.bfloat16)):
+    xs = x.astype(dt)  # float16 / bfloat16 sources are read as stored
+    xf = xs.astype(np.float32)
+    for t in TYPES:
+        want = quantize_blocks(xf.reshape(-1, SIZES[t][0]), t).reshape(-1)
+        for lv in levels:
+            out = np.empty(want.size, np.uint8)
+            top = gg.quantize(t, xs, out, lv, src)
+            assert np.array_equal(out, want), (t, lv, src)
+            assert top == float(np.abs(xf).max()), (t, lv, src, top)
+            runs += 1
+from qformat.schemes.ggml_weighted import quantize_rows_weighted
+xr = x.reshape(-1, 512)
+for w in (rng.gamma(1.0, 1.0, 512), np.zeros(512), np.where(rng.random(512) < 0.9, 0.0, 1e4)):
+    w = w.astype(np.float32)
+    for t in TYPES:
+        want = quantize_rows_weighted(xr, t, w).reshape(-1)
+        for lv in levels:
+            out = np.empty(want.size, np.uint8)
+            gg.quantize_weighted(t, xr, w, out, lv)
+            assert np.array_equal(out, want), ("weighted", t, lv)
+            runs += 1
+for bad in ((x[:33], np.empty(18, np.uint8)), (x[:32], np.empty(17, np.uint8)), (x[:32], np.empty(18, np.uint8), -1, 3),
+            (x[:24], np.empty(18, np.uint8), -1, 1)):
     try:
         gg.quantize("Q4_0", *bad)
+        raise AssertionError("accepted")
+    except ValueError:
+        pass
+w32 = np.ones(32, np.float32)
+for bad in ((x[:33], w32, np.empty(18, np.uint8)), (x[:32], w32, np.empty(17, np.uint8)), (x[:32], w32[:31], np.empty(18, np.uint8)),
+            (x[:32], w32[:0], np.empty(0, np.uint8))):
+    try:
+        gg.quantize_weighted("Q4_0", *bad)
         raise AssertionError("accepted")
     except ValueError:
         pass
@@ -481,9 +506,12 @@ print("runs", runs)
 @native
 def test_sanitized_ggml_quantizers(tmp_path):
     """qformat/kernels/_ggml.c built with -fsanitize=address,undefined: every type on every
-    level (scalar, baseline lanes, AVX2 lanes where the CPU has it) on awkward rows (zeros,
-    constants, subnormal and tiny blocks, one sign, heavy tails, integers), each equal to the
-    NumPy reference byte for byte, and sizes that are not whole blocks refused."""
+    level (scalar, baseline lanes, AVX2 lanes where the CPU has it) and source kind (float32,
+    and float16 / bfloat16 read as stored) on awkward rows (zeros, constants, subnormal and tiny
+    blocks, one sign, heavy tails, integers), each equal to the NumPy reference byte for byte
+    with the input's largest magnitude returned, the importance-weighted quantizers the same way under three
+    importance vectors (gamma, all zero, 90% zero with 1e4 spikes), and sizes that are not whole
+    blocks or rows refused."""
     so, env = _sanitized_build("_ggml", tmp_path)
     r = subprocess.run([sys.executable, "-c", _SANITIZED_GGML, str(so)], env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0 and "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-4000:]

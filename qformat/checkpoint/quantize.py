@@ -263,7 +263,7 @@ def partial_group_warnings(decisions: list[Decision], infos: Mapping[str, Any]) 
 def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str], scheme: str | None = None, recipe: Any = None, *,
                         max_shard_size: int | str | None = None, overwrite: bool = False, progress: TextIO | None = None,
                         notice: Callable[[str], None] | None = None, strict: bool = False, preset: str | None = None,
-                        **params: Any) -> QuantizeSummary:
+                        imatrix: Any = None, **params: Any) -> QuantizeSummary:
     """Quantize the plain checkpoint ``src`` into a qformat checkpoint at ``dst``.
 
     ``src``: a folder (config.json with model.safetensors or a sharded index), a .safetensors
@@ -279,6 +279,12 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     llama-quantize's mix of GGUF types for this checkpoint, as the recipe
     :func:`preset_recipe` gives; config.json's quantization_config records ``gguf_preset``.
 
+    ``imatrix`` (a path or a loaded :class:`qformat.imatrix.Imatrix`): llama.cpp's importance
+    matrix, applied as ``llama-quantize --imatrix`` applies it to every tensor quantized with
+    scheme ``gguf`` that it has an entry for (looked up by GGUF name); with it the presets take
+    their importance-matrix branches, and Q2_K_S becomes possible.  quantization_config records
+    the file's name, format, entry and chunk counts and datasets under ``imatrix``.
+
     A group or block size that leaves partial groups is a ``QUANTIZE_PARTIAL_GROUPS`` warning
     (in ``summary.warnings`` and through ``notice``, naming the export targets that refuse such
     tensors); with ``strict`` it is that error and nothing is written.
@@ -286,11 +292,13 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     from ..convert.writer import verify_output
 
     ck = open_plain_source(src)
+    im = _load_imatrix(imatrix)
+    resolved = None
     if preset is not None:
         if scheme is not None or recipe is not None or params:
             raise error("ENCODE_PARAM_INVALID", "a preset is a whole recipe: give --preset alone, without a scheme, its options or --recipe",
                         field="preset")
-        resolved = resolve_preset(ck, preset)
+        resolved = resolve_preset(ck, preset, has_imatrix=im is not None)
         for note in resolved.notes:
             if notice is not None:
                 notice(f"note: {note}")
@@ -301,6 +309,7 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     infos = {n: ck.info(n) for n in names}
     decisions = decide(rec, infos, names)
     verify_choices(decisions, infos, recipe_default)
+    importance = importance_vectors(ck, im, decisions, infos, resolved)
     warnings = partial_group_warnings(decisions, infos)
     strict_messages = [w.pop("strict_message") for w in warnings]
     if warnings and strict:
@@ -328,7 +337,7 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
             summary.kept["tensors"] += 1
             summary.kept["bytes"] += nbytes
             continue
-        unit = _quantized_unit(ck, d.name, info, d.choice, taken)
+        unit = _quantized_unit(ck, d.name, info, d.choice, taken, importance.get(d.name))
         units.append(unit)
         row = summary.quantized.setdefault(label(d.choice), {"tensors": 0, "source_bytes": 0, "bytes": 0})
         row["tensors"] += 1
@@ -377,6 +386,9 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
         qc = {"quant_method": "qformat", "spec_version": written_version(required_version(alld) if alld else "1.0"), **rec.to_dict()}
         if preset is not None:
             qc["gguf_preset"] = preset
+        if im is not None:
+            qc["imatrix"] = {"file": os.path.basename(im.path), "format": im.format, "entries": len(im.entries),
+                             "chunks": im.chunk_count, "datasets": list(im.datasets), "applied": len(importance)}
         summary.recipe = qc
         cfg = ck.config if (os.path.isdir(ck.path) or ck.sharded) else None
         if isinstance(cfg, dict):
@@ -391,19 +403,58 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     return summary
 
 
-def resolve_preset(ck: Any, preset: str) -> "gguf_presets.Resolved":
+def resolve_preset(ck: Any, preset: str, has_imatrix: bool = False) -> "gguf_presets.Resolved":
     """The per-tensor types of ``preset`` for the opened plain checkpoint ``ck``."""
     names = ck.names()
     infos = {n: ck.info(n) for n in names}
-    cfg = ck.config if isinstance(getattr(ck, "config", None), dict) else {}
+    cfg = _config(ck)
     shapes = {n: tuple(i.shape) for n, i in infos.items() if i.dtype in FLOAT_STORAGE}
-    return gguf_presets.resolve(preset, shapes, cfg, gguf_presets.gguf_names(list(shapes), cfg))
+    return gguf_presets.resolve(preset, shapes, cfg, gguf_presets.gguf_names(list(shapes), cfg), has_imatrix=has_imatrix)
 
 
-def preset_recipe(src: str | os.PathLike[str], preset: str) -> "gguf_presets.Resolved":
+def preset_recipe(src: str | os.PathLike[str], preset: str, imatrix: Any = None) -> "gguf_presets.Resolved":
     """``preset`` resolved for the plain checkpoint ``src`` (what ``qformat quantize --preset``
-    applies; :func:`qformat.gguf_presets.recipe_toml` writes it as an editable recipe)."""
-    return resolve_preset(open_plain_source(src), preset)
+    applies, with ``imatrix`` given or not; :func:`qformat.gguf_presets.recipe_toml` writes it
+    as an editable recipe)."""
+    return resolve_preset(open_plain_source(src), preset, has_imatrix=imatrix is not None)
+
+
+def _config(ck: Any) -> dict[str, Any]:
+    return ck.config if isinstance(getattr(ck, "config", None), dict) else {}
+
+
+def _load_imatrix(imatrix: Any) -> Any:
+    from ..imatrix import Imatrix, load_imatrix
+
+    if imatrix is None or isinstance(imatrix, Imatrix):
+        return imatrix
+    return load_imatrix(imatrix)
+
+
+def importance_vectors(ck: Any, im: Any, decisions: list[Decision], infos: Mapping[str, Any],
+                       resolved: "gguf_presets.Resolved | None") -> dict[str, np.ndarray]:
+    """The importance vector of each tensor quantized with scheme ``gguf`` that the importance
+    matrix ``im`` has an entry for (by the tensor's GGUF name), as llama-quantize looks them up.
+    ENCODE_PARAM_INVALID when no tensor uses scheme gguf; IMATRIX_INVALID for an entry of the
+    wrong length, or a tensor a preset cannot quantize without one (Q2_K_S)."""
+    if im is None:
+        return {}
+    gg = [d.name for d in decisions if d.choice is not None and d.choice.scheme == "gguf"]
+    if not gg:
+        raise error("ENCODE_PARAM_INVALID", "an importance matrix weights scheme gguf's quantizers (llama.cpp's types), and no tensor "
+                    "is quantized with scheme gguf; use --preset or --scheme gguf", field="imatrix")
+    names = gguf_presets.gguf_names(gg, _config(ck))
+    out: dict[str, np.ndarray] = {}
+    for n in gg:
+        shape = tuple(infos[n].shape)
+        v = im.for_tensor(names.get(n), shape[-1] if shape else 0, shape[0] if len(shape) == 3 else 1)
+        if v is not None:
+            out[n] = v
+    for n in resolved.needs_imatrix if resolved is not None else ():
+        if n not in out:
+            raise error("IMATRIX_INVALID", f"{os.path.basename(im.path)} has no entry for {names.get(n) or n!r}, and {resolved.preset} "
+                        "quantizes it to Q2_K, which llama-quantize refuses without one", tensor=n)
+    return out
 
 
 def logical_dtype(storage: str, requested: Any = None) -> str:
@@ -414,8 +465,10 @@ def logical_dtype(storage: str, requested: Any = None) -> str:
     return {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float32"}[storage]
 
 
-def _quantized_unit(ck: Any, name: str, info: Any, c: Choice, taken: set[str]) -> tuple[str, list[OutTensor], OutGroup, dict[str, Any]]:
-    """The planned components of one quantized tensor and the group that encodes it once."""
+def _quantized_unit(ck: Any, name: str, info: Any, c: Choice, taken: set[str],
+                    importance: np.ndarray | None = None) -> tuple[str, list[OutTensor], OutGroup, dict[str, Any]]:
+    """The planned components of one quantized tensor and the group that encodes it once
+    (``importance``: its importance vector for scheme gguf, from an importance matrix)."""
     dtype = logical_dtype(info.dtype, c.dtype)
     desc, comps = schemes.plan(info.shape, c.scheme, dtype, **c.params)
     prefix = name + "."
@@ -434,7 +487,8 @@ def _quantized_unit(ck: Any, name: str, info: Any, c: Choice, taken: set[str]) -
     def produce() -> dict[str, np.ndarray]:
         from ..schemes import quantize
 
-        q = quantize(ck.array(name), c.scheme, dtype=dtype, **c.params)
+        extra = {} if importance is None else {"importance": importance}
+        q = quantize(ck.array(name), c.scheme, dtype=dtype, **c.params, **extra)
         q = q.renamed(rename)
         if q.descriptor != desc:
             raise error("SAVE_INVALID", "internal: the encoder's descriptor differs from the planned one", tensor=name)

@@ -631,6 +631,7 @@ def _hf_kvs(model: _Model, entries: list[TensorEntry], ck: Any, gguf_pre: str | 
     ft = preset_file_type(cfg, entries)
     if ft is not None:
         kv.append((K.General.FILE_TYPE, _u32(ft)))
+    kv += imatrix_kvs(cfg)
     if cfg.get("vocab_size"):
         kv.append((K.LLM.VOCAB_SIZE.format(arch=a), _u32(cfg["vocab_size"])))
     kv.append((K.Rope.DIMENSION_COUNT.format(arch=a), _u32(head_dim)))
@@ -664,6 +665,29 @@ def preset_file_type(cfg: Mapping[str, Any], entries: list[TensorEntry]) -> int 
         if p is not None:
             return int(p["ftype"])
     return file_type_of(entries)
+
+
+def imatrix_kvs(cfg: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The ``quantize.imatrix.*`` keys llama-quantize writes when it applied an importance
+    matrix (file name and first dataset cut to 127 bytes, entry and chunk counts as uint32), from
+    what ``qformat quantize --imatrix`` recorded in quantization_config."""
+    qc = cfg.get("quantization_config")
+    im = qc.get("imatrix") if isinstance(qc, dict) else None
+    if not isinstance(im, dict):
+        return []
+
+    def cut(v: Any) -> str:
+        return str(v).encode("utf-8")[:127].decode("utf-8", "ignore")
+
+    out = [("quantize.imatrix.file", _str(cut(im.get("file", ""))))]
+    ds = im.get("datasets")
+    if isinstance(ds, list) and ds:
+        out.append(("quantize.imatrix.dataset", _str(cut(ds[0]))))
+    if isinstance(im.get("entries"), int):
+        out.append(("quantize.imatrix.entries_count", _u32(abs(im["entries"]))))
+    if isinstance(im.get("chunks"), int) and im["chunks"] > 0:
+        out.append(("quantize.imatrix.chunks_count", _u32(im["chunks"])))
+    return out
 
 
 def file_type_of(entries: list[TensorEntry]) -> int | None:

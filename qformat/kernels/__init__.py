@@ -193,10 +193,41 @@ def ggml_available() -> bool:
     return _ggml is not None and (_enabled or (_native is None and _reason == ""))
 
 
-def ggml_quantize(type_name: str, x: Any, out: Any) -> None:
-    """ggml's reference blocks of ``type_name`` for ``x`` (C-contiguous float32, whole blocks)
-    into ``out`` (writable uint8 of exactly the blocks' bytes), the GIL released: the bytes of
-    :func:`qformat.schemes.ggml_blocks.quantize_blocks`."""
+#: _ggml.quantize's source kinds by NumPy dtype name (float16 and bfloat16 are read as stored).
+_GGML_SOURCES = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+def ggml_quantize(type_name: str, x: Any, out: Any) -> float:
+    """ggml's reference blocks of ``type_name`` for ``x`` (C-contiguous float32, float16 or
+    bfloat16, whole blocks; the last two read as stored, without a float32 copy) into ``out``
+    (writable uint8 of exactly the blocks' bytes), the GIL released: the bytes of
+    :func:`qformat.schemes.ggml_blocks.quantize_blocks` of ``x`` as float32.  Returns the
+    largest magnitude in ``x`` (for the caller's range check)."""
     if _ggml is None:
         raise RuntimeError("the native GGUF quantizer extension is not built")
-    _ggml.quantize(type_name, x, out)
+    src = _GGML_SOURCES.get(getattr(getattr(x, "dtype", None), "name", ""))
+    if src is None:
+        raise TypeError(f"ggml_quantize takes float32, float16 or bfloat16 arrays, not {getattr(x, 'dtype', type(x))}")
+    return float(_ggml.quantize(type_name, x, out, -1, src))
+
+
+def ggml_quantize_weighted(type_name: str, x: Any, importance: Any, out: Any = None, level: int = -1) -> Any:
+    """ggml's importance-weighted blocks (``quantize_<type>`` with quant_weights, what
+    ``llama-quantize --imatrix`` writes) of the float32 rows ``x`` (C-contiguous, each of
+    ``len(importance)`` elements) into ``out`` (uint8, exactly the rows' bytes; allocated when
+    None, and returned), the GIL released: the bytes of
+    :func:`qformat.schemes.ggml_weighted.quantize_rows_weighted`.  ``level`` as ``_ggml.quantize``'s:
+    0 scalar, 1 lanes, 2 lanes in AVX2, -1 the best this CPU runs (every level writes the same bytes)."""
+    if _ggml is None:
+        raise RuntimeError("the native GGUF quantizer extension is not built")
+    import numpy as np
+
+    from ..schemes.ggml_blocks import SIZES
+
+    block, size = SIZES[type_name]
+    w = np.ascontiguousarray(importance, np.float32).reshape(-1)
+    xa = np.ascontiguousarray(x, np.float32).reshape(-1, w.size)
+    if out is None:
+        out = np.empty((xa.shape[0], w.size // block * size), np.uint8)
+    _ggml.quantize_weighted(type_name, xa, w, out, level)
+    return out

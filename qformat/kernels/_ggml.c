@@ -248,13 +248,14 @@ static float absmax(int n, const float *x, float *max) {
 /* One candidate scale of make_qx_quants / make_q3_quants: codes clamp(nearest(iscale x)) and
  * the x^2-weighted sums sum(w x l), sum(w l l) in ggml's order; codes stored as l + offset
  * when L is given. */
-static void fit_codes(int n, int nmax, const float *x, float iscale, int8_t *L, int offset, float *sumlx, float *suml2) {
+static void fit_codes(int n, int nmax, const float *x, const float *qw, float iscale, int8_t *L, int offset, float *sumlx,
+                      float *suml2) {
     float slx = 0, sl2 = 0;
     for (int i = 0; i < n; ++i) {
         int l = nearest_int(iscale * x[i]);
         l = MAX(-nmax, MIN(nmax - 1, l));
         if (L) L[i] = (int8_t)(l + offset);
-        float w = x[i] * x[i];
+        float w = qw ? qw[i] : x[i] * x[i];
         slx += w * x[i] * l;
         sl2 += w * l * l;
     }
@@ -262,22 +263,23 @@ static void fit_codes(int n, int nmax, const float *x, float iscale, int8_t *L, 
     *suml2 = sl2;
 }
 
-static float make_qx(int n, int nmax, const float *x, int8_t *L) {
+/* make_qx_quants with rmse_type 1: weights qw (the importance-weighted quantizers) or, NULL, x^2. */
+static float make_qx(int n, int nmax, const float *x, int8_t *L, const float *qw) {
     float max;
     if (absmax(n, x, &max) < GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.f;
     }
     float sumlx, suml2;
-    fit_codes(n, nmax, x, -nmax / max, L, nmax, &sumlx, &suml2);
+    fit_codes(n, nmax, x, qw, -nmax / max, L, nmax, &sumlx, &suml2);
     float scale = suml2 ? sumlx / suml2 : 0.0f;
     float best = scale * sumlx;
     for (int is = -9; is <= 9; ++is) {
         if (is == 0) continue;
         const float iscale = -(nmax + 0.1f * is) / max;
-        fit_codes(n, nmax, x, iscale, NULL, 0, &sumlx, &suml2);
+        fit_codes(n, nmax, x, qw, iscale, NULL, 0, &sumlx, &suml2);
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            fit_codes(n, nmax, x, iscale, L, nmax, &sumlx, &suml2);  /* the same sums again, and the codes */
+            fit_codes(n, nmax, x, qw, iscale, L, nmax, &sumlx, &suml2);  /* the same sums again, and the codes */
             scale = sumlx / suml2;
             best = scale * sumlx;
         }
@@ -292,7 +294,7 @@ static float make_q3(int n, int nmax, const float *x, int8_t *L) {
         return 0.f;
     }
     float sumlx, suml2;
-    fit_codes(n, nmax, x, -nmax / max, L, 0, &sumlx, &suml2);
+    fit_codes(n, nmax, x, NULL, -nmax / max, L, 0, &sumlx, &suml2);
     for (int itry = 0; itry < 5; ++itry) {
         int n_changed = 0;
         for (int i = 0; i < n; ++i) {
@@ -336,8 +338,27 @@ static void q2_k_search(const float *x, float *scales, float *mins, uint8_t *L) 
     }
 }
 
+/* Q2_K's bytes after the scale bytes (y[0..15]) are set: d and dmin, the codes re-fitted to
+ * the stored scales (L from the search kept where a scale is 0), the 2-bit planes. */
+static void q2_k_store(const float *x, uint8_t *y, uint16_t d16, uint16_t dmin16, uint8_t *L) {
+    const uint8_t *sc = y;
+    put16(y + 80, d16);
+    put16(y + 82, dmin16);
+    const float dd = f16_to_f32(d16), dmm = f16_to_f32(dmin16);
+    for (int j = 0; j < 16; ++j) {
+        const float d = dd * (sc[j] & 0xF);
+        if (!d) continue;
+        const float dm = dmm * (sc[j] >> 4);
+        for (int ii = 0; ii < 16; ++ii) {
+            int l = nearest_int((x[16 * j + ii] + dm) / d);
+            L[16 * j + ii] = (uint8_t)MAX(0, MIN(3, l));
+        }
+    }
+    two_bit_planes(L, y + 16);
+}
+
 static void q2_k_finish(const float *x, uint8_t *y, const float *scales, const float *mins, uint8_t *L) {
-    uint8_t *sc = y, *qs = y + 16;
+    uint8_t *sc = y;
     float max_scale = 0, max_min = 0;
     const float q4scale = 15.f;
     for (int j = 0; j < 16; ++j) {
@@ -360,19 +381,7 @@ static void q2_k_finish(const float *x, uint8_t *y, const float *scales, const f
     } else {
         dmin16 = f32_to_f16(0.f);
     }
-    put16(y + 80, d16);
-    put16(y + 82, dmin16);
-    const float dd = f16_to_f32(d16), dmm = f16_to_f32(dmin16);
-    for (int j = 0; j < 16; ++j) {
-        const float d = dd * (sc[j] & 0xF);
-        if (!d) continue;
-        const float dm = dmm * (sc[j] >> 4);
-        for (int ii = 0; ii < 16; ++ii) {
-            int l = nearest_int((x[16 * j + ii] + dm) / d);
-            L[16 * j + ii] = (uint8_t)MAX(0, MIN(3, l));
-        }
-    }
-    two_bit_planes(L, qs);
+    q2_k_store(x, y, d16, dmin16, L);
 }
 
 static void q2_k(const float *x, uint8_t *y) {
@@ -386,27 +395,19 @@ static void q3_k_search(const float *x, float *scales, int8_t *L) {
     for (int j = 0; j < 16; ++j) scales[j] = make_q3(16, 4, x + 16 * j, L + 16 * j);
 }
 
-static void q3_k_finish(const float *x, uint8_t *y, const float *scales, int8_t *L) {
+/* Q3_K's bytes from the 6-bit scales l6 (stored values 0..63) and d: the scale bytes, the codes
+ * re-fitted to the stored scales (L: 0..7 from the search, kept where a scale is 0), hmask, qs. */
+static void q3_k_store(const float *x, uint8_t *y, const int8_t *l6, uint16_t d16, int8_t *L) {
     uint8_t *hmask = y, *qs = y + 32, *sc = y + 96;
-    float max_scale;
-    absmax(16, scales, &max_scale);
     memset(sc, 0, 12);
-    uint16_t d16;
-    if (max_scale) {
-        float iscale = -32.f / max_scale;
-        for (int j = 0; j < 16; ++j) {
-            int8_t l = (int8_t)nearest_int(iscale * scales[j]);
-            l = (int8_t)(MAX(-32, MIN(31, l)) + 32);
-            if (j < 8)
-                sc[j] = (uint8_t)(l & 0xF);
-            else
-                sc[j - 8] |= (uint8_t)((l & 0xF) << 4);
-            l >>= 4;
-            sc[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
-        }
-        d16 = f32_to_f16(1 / iscale);
-    } else {
-        d16 = f32_to_f16(0.f);
+    for (int j = 0; j < 16; ++j) {
+        int l = l6[j];
+        if (j < 8)
+            sc[j] = (uint8_t)(l & 0xF);
+        else
+            sc[j - 8] |= (uint8_t)((l & 0xF) << 4);
+        l >>= 4;
+        sc[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
     }
     put16(y + 108, d16);
     const float dd = f16_to_f32(d16);
@@ -437,6 +438,24 @@ static void q3_k_finish(const float *x, uint8_t *y, const float *scales, int8_t 
         }
     }
     two_bit_planes(U, qs);
+}
+
+static void q3_k_finish(const float *x, uint8_t *y, const float *scales, int8_t *L) {
+    float max_scale;
+    absmax(16, scales, &max_scale);
+    int8_t l6[16] = {0};
+    uint16_t d16;
+    if (max_scale) {
+        float iscale = -32.f / max_scale;
+        for (int j = 0; j < 16; ++j) {
+            int8_t l = (int8_t)nearest_int(iscale * scales[j]);
+            l6[j] = (int8_t)(MAX(-32, MIN(31, l)) + 32);
+        }
+        d16 = f32_to_f16(1 / iscale);
+    } else {
+        d16 = f32_to_f16(0.f);
+    }
+    q3_k_store(x, y, l6, d16, L);
 }
 
 static void q3_k(const float *x, uint8_t *y) {
@@ -543,7 +562,7 @@ static void q5_k(const float *x, uint8_t *y) {
 }
 
 static void q6_k_search(const float *x, float *scales, int8_t *L) {
-    for (int ib = 0; ib < 16; ++ib) scales[ib] = make_qx(16, 32, x + 16 * ib, L + 16 * ib);
+    for (int ib = 0; ib < 16; ++ib) scales[ib] = make_qx(16, 32, x + 16 * ib, L + 16 * ib, NULL);
 }
 
 static void q6_k_finish(const float *x, uint8_t *y, const float *scales, int8_t *L) {
@@ -602,6 +621,216 @@ static const struct {
     {"Q2_K", QK_K, 84, q2_k}, {"Q3_K", QK_K, 110, q3_k}, {"Q4_K", QK_K, 144, q4_k}, {"Q5_K", QK_K, 176, q5_k}, {"Q6_K", QK_K, 210, q6_k},
 };
 
+
+/* -- importance-weighted quantizers (ggml's quantize_row_<type>_impl, llama-quantize --imatrix) --
+ * The same algorithms as qformat/schemes/ggml_weighted.py, one row at a time (the legacy types'
+ * sigma2 is the row's mean square, the K types' each super-block's).  Scalar: ggml's own are. */
+static float make_qp(int n, int nmax, const float *x, uint8_t *L, const float *qw) {
+    float max = 0;
+    for (int i = 0; i < n; ++i) max = MAX(max, x[i]);
+    if (max < GROUP_MAX_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
+    }
+    float iscale = nmax / max;
+    for (int i = 0; i < n; ++i) L[i] = (uint8_t)nearest_int(iscale * x[i]); /* uint8_t stores wrap, as ggml's */
+    float scale = 1 / iscale;
+    float best_mse = 0;
+    for (int i = 0; i < n; ++i) {
+        float diff = x[i] - scale * L[i];
+        best_mse += qw[i] * diff * diff;
+    }
+    for (int is = -4; is <= 4; ++is) {
+        if (is == 0) continue;
+        float iscale_is = (0.1f * is + nmax) / max;
+        float scale_is = 1 / iscale_is;
+        float mse = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = MIN(nmax, nearest_int(iscale_is * x[i]));
+            float diff = x[i] - scale_is * l;
+            mse += qw[i] * diff * diff;
+        }
+        if (mse < best_mse) {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = MIN(nmax, nearest_int(iscale * x[i]));
+        L[i] = (uint8_t)l;
+        float w = qw[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    for (int itry = 0; itry < 5; ++itry) {
+        int n_changed = 0;
+        for (int i = 0; i < n; ++i) {
+            float w = qw[i];
+            float slx = sumlx - w * x[i] * L[i];
+            float sl2 = suml2 - w * L[i] * L[i];
+            if (slx > 0 && sl2 > 0) {
+                int new_l = MIN(nmax, nearest_int(x[i] * sl2 / slx));
+                if (new_l != L[i]) {
+                    slx += w * x[i] * new_l;
+                    sl2 += w * new_l * new_l;
+                    if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (uint8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        ++n_changed;
+                    }
+                }
+            }
+        }
+        if (!n_changed) break;
+    }
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* w[l] = qw[l] * sqrtf(sigma2 + x[l]^2) for k elements; returns their sum (from 0, in order). */
+static float weigh(int k, const float *x, const float *qw, float sigma2, float *w) {
+    float sum = 0;
+    for (int l = 0; l < k; ++l) w[l] = qw[l] * sqrtf(sigma2 + x[l] * x[l]);
+    for (int l = 0; l < k; ++l) sum += w[l];
+    return sum;
+}
+
+static float sum_sq(Py_ssize_t n, const float *x) {
+    float s = 0;
+    for (Py_ssize_t j = 0; j < n; ++j) s += x[j] * x[j];
+    return s;
+}
+
+static void legacy_store(uint8_t *y, const uint8_t *L, float d, float min, int bits, int with_min) {
+    put16(y, f32_to_f16(d));
+    if (with_min) put16(y + 2, f32_to_f16(-min));
+    uint8_t *qs = y + (with_min ? 4 : 2);
+    if (bits == 5) {
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            qh |= ((L[j] & 0x10u) >> 4) << j;
+            qh |= ((L[j + 16] & 0x10u) >> 4) << (j + 16);
+        }
+        for (int k = 0; k < 4; ++k) qs[k] = (uint8_t)(qh >> (8 * k));
+        qs += 4;
+    }
+    for (int j = 0; j < 16; ++j) qs[j] = (uint8_t)((L[j] & 0xF) | ((L[j + 16] & 0xF) << 4));
+}
+
+/* Blocks [b0, b1) of a row of a legacy type, scalar (the row's sigma2 given). */
+static void legacy_w_blocks(const float *x, const float *qw, float sigma2, Py_ssize_t b0, Py_ssize_t b1, uint8_t *y, int bits,
+                            int with_min) {
+    const int size = (with_min ? 4 : 2) + (bits == 5 ? 4 : 0) + 16;
+    for (Py_ssize_t ib = b0; ib < b1; ++ib) {
+        const float *xb = x + QK * ib;
+        float weight[QK], d, min = 0;
+        uint8_t L[QK], Laux[QK];
+        weigh(QK, xb, qw + QK * ib, sigma2, weight);
+        if (with_min)
+            d = make_qkx2(QK, (1 << bits) - 1, xb, weight, L, &min, Laux, -0.9f, 0.05f, 36, 0);
+        else
+            d = make_qx(QK, 1 << (bits - 1), xb, (int8_t *)L, weight);
+        legacy_store(y + size * ib, L, d, min, bits, with_min);
+    }
+}
+
+/* The importance weights of a super-block's sub-blocks of `sub` elements: w[256], sw[256 / sub]. */
+static void k_weights(const float *x, const float *qw, float sigma2, int sub, float *w, float *sw) {
+    for (int j = 0; j < QK_K / sub; ++j) sw[j] = weigh(sub, x + sub * j, qw + sub * j, sigma2, w + sub * j);
+}
+
+static void q2_k_w_finish(const float *x, uint8_t *y, const float *scales, const float *mins, const float *sw, uint8_t *L) {
+    uint8_t Ls[16], Lm[16];
+    const uint16_t d16 = f32_to_f16(make_qp(16, 15, scales, Ls, sw));
+    const uint16_t dmin16 = f32_to_f16(make_qp(16, 15, mins, Lm, sw));
+    for (int j = 0; j < 16; ++j) y[j] = (uint8_t)(Ls[j] | (Lm[j] << 4));
+    q2_k_store(x, y, d16, dmin16, L);
+}
+
+static void q2_k_w(const float *x, const float *qw, uint8_t *y) {
+    float scales[16], mins[16], sw[16], w[QK_K];
+    uint8_t L[QK_K], Laux[16];
+    k_weights(x, qw, sum_sq(QK_K, x) / QK_K, 16, w, sw);
+    for (int j = 0; j < 16; ++j)
+        scales[j] = make_qkx2(16, 3, x + 16 * j, w + 16 * j, L + 16 * j, &mins[j], Laux, -0.9f, 0.05f, 36, 0);
+    q2_k_w_finish(x, y, scales, mins, sw, L);
+}
+
+static void q3_k_w(const float *x, const float *qw, uint8_t *y) {
+    const float sigma2 = 2 * sum_sq(QK_K, x) / QK_K;
+    float scales[16], sw[16], weight[16];
+    int8_t L[QK_K], Ls[16];
+    for (int j = 0; j < 16; ++j) {
+        sw[j] = weigh(16, x + 16 * j, qw + 16 * j, sigma2, weight);
+        scales[j] = make_qx(16, 4, x + 16 * j, L + 16 * j, weight);
+    }
+    const float d_block = make_qx(16, 32, scales, Ls, sw);
+    q3_k_store(x, y, Ls, f32_to_f16(d_block), L);
+}
+
+static void q45_k_w_finish(const float *x, uint8_t *y, int nmax, const float *scales, const float *mins, const float *sw, uint8_t *L) {
+    uint8_t Ls[8], Lm[8];
+    const float d_block = make_qp(8, 63, scales, Ls, sw);
+    const float m_block = make_qp(8, 63, mins, Lm, sw);
+    uint8_t *sc = y + 4;
+    for (int j = 0; j < 8; ++j) {
+        uint8_t ls = Ls[j], lm = Lm[j];
+        if (nmax == 31) { /* Q5_K clamps; Q4_K stores the codes as they are */
+            ls = (uint8_t)MIN(63, ls);
+            lm = (uint8_t)MIN(63, lm);
+        }
+        if (j < 4) {
+            sc[j] = ls;
+            sc[j + 4] = lm;
+        } else {
+            sc[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+            sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            sc[j - 0] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    const uint16_t d16 = f32_to_f16(d_block), dmin16 = f32_to_f16(m_block);
+    put16(y, d16);
+    put16(y + 2, dmin16);
+    const float dd = f16_to_f32(d16), dmm = f16_to_f32(dmin16);
+    for (int j = 0; j < 8; ++j) {
+        uint8_t s, m; /* ggml's get_scale_min_k4 */
+        if (j < 4) {
+            s = sc[j] & 63;
+            m = sc[j + 4] & 63;
+        } else {
+            s = (uint8_t)((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
+            m = (uint8_t)((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
+        }
+        const float d = dd * s;
+        if (!d) continue;
+        const float dm = dmm * m;
+        for (int ii = 0; ii < 32; ++ii) {
+            int l = nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = (uint8_t)MAX(0, MIN(nmax, l));
+        }
+    }
+    if (nmax == 15)
+        q4_k_pack(y, L);
+    else
+        q5_k_pack(y, L);
+}
+
+static void q45_k_w(const float *x, const float *qw, uint8_t *y, int nmax) {
+    float scales[8], mins[8], sw[8], w[QK_K];
+    uint8_t L[QK_K], Laux[32];
+    k_weights(x, qw, 2 * sum_sq(QK_K, x) / QK_K, 32, w, sw);
+    for (int j = 0; j < 8; ++j)
+        scales[j] = make_qkx2(32, nmax, x + 32 * j, w + 32 * j, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36, 0);
+    q45_k_w_finish(x, y, nmax, scales, mins, sw, L);
+}
+
+static void q6_k_w(const float *x, const float *qw, uint8_t *y) {
+    float scales[16];
+    int8_t L[QK_K];
+    for (int ib = 0; ib < 16; ++ib) scales[ib] = make_qx(16, 32, x + 16 * ib, L + 16 * ib, qw + 16 * ib);
+    q6_k_finish(x, y, scales, L);
+}
 
 /* -- 8 sub-blocks at a time --------------------------------------------------------------------
  * The searches of make_qkx2 (Q2_K, Q4_K, Q5_K) and make_qx (Q6_K) run on 8 sub-blocks at once,
@@ -857,45 +1086,226 @@ AI void q5_k_lanes(const float *x, uint8_t *y) {
 
 AI void q6_k_lanes(const float *x, uint8_t *y) { signed_k_lanes(x, y, 1); }
 
-/* The block loop of one type at one level: 0 the scalar functions, 1 the lane functions (in
- * the function's own ISA: baseline in run_lanes, AVX2 in run_lanes_avx2). */
-AI void run_body(int t, const float *x, uint8_t *y, Py_ssize_t nb, int lanes) {
-    const int block = TYPES[t].block, size = TYPES[t].size;
-    if (lanes) {
-        const char *n = TYPES[t].name;
-        if (!strcmp(n, "Q2_K")) {
-            for (Py_ssize_t i = 0; i < nb; i++) q2_k_lanes(x + i * block, y + i * size);
-            return;
-        }
-        if (!strcmp(n, "Q3_K")) {
-            for (Py_ssize_t i = 0; i < nb; i++) q3_k_lanes(x + i * block, y + i * size);
-            return;
-        }
-        if (!strcmp(n, "Q4_K")) {
-            for (Py_ssize_t i = 0; i < nb; i++) q4_k_lanes(x + i * block, y + i * size);
-            return;
-        }
-        if (!strcmp(n, "Q5_K")) {
-            for (Py_ssize_t i = 0; i < nb; i++) q5_k_lanes(x + i * block, y + i * size);
-            return;
-        }
-        if (!strcmp(n, "Q6_K")) {
-            for (Py_ssize_t i = 0; i < nb; i++) q6_k_lanes(x + i * block, y + i * size);
-            return;
-        }
+/* Q8_0 on lanes: the block's largest magnitude (order-free), then roundf(x * id) as round_i8
+ * does it, 8 values per vector; a lane of |v| >= 2^23 (an Inf id: every value of the block
+ * below ~1e-38) takes round_i8 itself. */
+AI void q8_0_lanes(const float *x, uint8_t *y) {
+    v8f X[4];
+    memcpy(X, x, sizeof X);
+    v8f a = vabs(X[0]);
+    for (int g = 1; g < 4; ++g) a = vsel(vabs(X[g]) > a, vabs(X[g]), a);
+    float amax = 0.0f;
+    for (int k = 0; k < 8; ++k) amax = MAX(amax, a[k]);
+    const float d = amax / 127.0f;
+    const float id = d ? 1.0f / d : 0.0f;
+    put16(y, f32_to_f16(d));
+    for (int g = 0; g < 4; ++g) {
+        const v8f v = X[g] * vsplat(id);
+        const v8i ok = vabs(v) < vsplat(8388608.0f);
+        const v8f vs = vsel(ok, v, vsplat(0));
+        v8i i = __builtin_convertvector(vs, v8i); /* truncation, exact below 2^23 */
+        const v8f f = vs - tof(i);
+        i = i - (f >= vsplat(0.5f)) + (f <= vsplat(-0.5f)); /* a true comparison is -1 */
+        for (int k = 0; k < 8; ++k) y[2 + 8 * g + k] = (uint8_t)(ok[k] ? (int8_t)i[k] : round_i8(v[k]));
     }
-    for (Py_ssize_t i = 0; i < nb; i++) TYPES[t].fn(x + i * block, y + i * size);
 }
 
-static void run_scalar(int t, const float *x, uint8_t *y, Py_ssize_t nb) { run_body(t, x, y, nb, 0); }
-static void run_lanes(int t, const float *x, uint8_t *y, Py_ssize_t nb) { run_body(t, x, y, nb, 1); }
+/* -- importance-weighted searches on lanes: make_qkx3_quants (= make_qkx2 with rmin -0.9, rdelta
+ * 0.05, 36 steps) of 8 sub-blocks (Q2_K, Q4_K, Q5_K) or 8 blocks (Q4_1, Q5_1) at once, with the
+ * importance weights; the rest of each quantizer is the scalar code above. */
+AI void q2_k_w_lanes(const float *x, const float *qw, uint8_t *y) {
+    float scales[16], mins[16], sw[16], w[QK_K];
+    uint8_t L[QK_K];
+    k_weights(x, qw, sum_sq(QK_K, x) / QK_K, 16, w, sw);
+    for (int g = 0; g < 2; ++g) {
+        v8f X[16], W[16], sc, mn;
+        v8i Lv[16];
+        gather(x, 8 * g, 16, X);
+        gather(w, 8 * g, 16, W);
+        qkx2_lanes(16, 3, X, W, Lv, &sc, &mn, -0.9f, 0.05f, 36, 0);
+        for (int k = 0; k < 8; ++k) {
+            scales[8 * g + k] = sc[k];
+            mins[8 * g + k] = mn[k];
+            for (int i = 0; i < 16; ++i) L[16 * (8 * g + k) + i] = (uint8_t)Lv[i][k];
+        }
+    }
+    q2_k_w_finish(x, y, scales, mins, sw, L);
+}
+
+AI void q45_k_w_lanes(const float *x, const float *qw, uint8_t *y, int nmax) {
+    float scales[8], mins[8], sw[8], w[QK_K];
+    uint8_t L[QK_K];
+    v8f X[32], W[32], sc, mn;
+    v8i Lv[32];
+    k_weights(x, qw, 2 * sum_sq(QK_K, x) / QK_K, 32, w, sw);
+    gather(x, 0, 32, X);
+    gather(w, 0, 32, W);
+    qkx2_lanes(32, nmax, X, W, Lv, &sc, &mn, -0.9f, 0.05f, 36, 0);
+    for (int k = 0; k < 8; ++k) {
+        scales[k] = sc[k];
+        mins[k] = mn[k];
+        for (int i = 0; i < 32; ++i) L[32 * k + i] = (uint8_t)Lv[i][k];
+    }
+    q45_k_w_finish(x, y, nmax, scales, mins, sw, L);
+}
+
+/* Q4_1 / Q5_1: groups of 8 whole blocks of a row on lanes, the rest scalar. */
+AI void legacy_min_w_lanes(const float *x, const float *qw, float sigma2, Py_ssize_t nb, uint8_t *y, int bits) {
+    const int size = 4 + (bits == 5 ? 4 : 0) + 16;
+    Py_ssize_t ib = 0;
+    for (; ib + 8 <= nb; ib += 8) {
+        float w[8 * QK];
+        for (int k = 0; k < 8; ++k) weigh(QK, x + QK * (ib + k), qw + QK * (ib + k), sigma2, w + QK * k);
+        v8f X[32], W[32], sc, mn;
+        v8i Lv[32];
+        gather(x + QK * ib, 0, 32, X);
+        gather(w, 0, 32, W);
+        qkx2_lanes(32, (1 << bits) - 1, X, W, Lv, &sc, &mn, -0.9f, 0.05f, 36, 0);
+        for (int k = 0; k < 8; ++k) {
+            uint8_t L[QK];
+            for (int i = 0; i < 32; ++i) L[i] = (uint8_t)Lv[i][k];
+            legacy_store(y + size * (ib + k), L, sc[k], mn[k], bits, 1);
+        }
+    }
+    legacy_w_blocks(x, qw, sigma2, ib, nb, y, bits, 1);
+}
+
+/* One row of n elements of type t with the importance vector qw (n values): ggml's
+ * quantize_<type> with quant_weights; `lanes` as in run_body. */
+AI void weighted_row(int t, const float *x, const float *qw, Py_ssize_t n, uint8_t *y, int lanes) {
+    const char *name = TYPES[t].name;
+    const int size = TYPES[t].size;
+    if (!strcmp(name, "Q8_0")) {
+        for (Py_ssize_t i = 0; i < n / QK; i++) q8_0(x + i * QK, y + i * size); /* quantize_q8_0 ignores the weights */
+        return;
+    }
+    if (TYPES[t].block == QK) {
+        const int bits = name[1] == '5' ? 5 : 4, with_min = name[3] == '1';
+        const float sigma2 = sum_sq(n, x) / n;
+        if (lanes && with_min)
+            legacy_min_w_lanes(x, qw, sigma2, n / QK, y, bits);
+        else
+            legacy_w_blocks(x, qw, sigma2, 0, n / QK, y, bits, with_min);
+        return;
+    }
+    for (Py_ssize_t i = 0; i < n / QK_K; i++) {
+        const float *xs = x + i * QK_K, *ws = qw + i * QK_K;
+        uint8_t *ys = y + i * size;
+        if (!strcmp(name, "Q2_K")) {
+            if (lanes) q2_k_w_lanes(xs, ws, ys); else q2_k_w(xs, ws, ys);
+        } else if (!strcmp(name, "Q3_K")) {
+            q3_k_w(xs, ws, ys);
+        } else if (!strcmp(name, "Q4_K") || !strcmp(name, "Q5_K")) {
+            const int nmax = name[1] == '4' ? 15 : 31;
+            if (lanes) q45_k_w_lanes(xs, ws, ys, nmax); else q45_k_w(xs, ws, ys, nmax);
+        } else {
+            q6_k_w(xs, ws, ys);
+        }
+    }
+}
+
+AI void weighted_body(int t, const float *x, const float *qw, Py_ssize_t rows, Py_ssize_t n, uint8_t *y, int lanes) {
+    const Py_ssize_t row_bytes = n / TYPES[t].block * TYPES[t].size;
+    for (Py_ssize_t r = 0; r < rows; r++) weighted_row(t, x + r * n, qw, n, y + r * row_bytes, lanes);
+}
+
+static void weighted_scalar(int t, const float *x, const float *qw, Py_ssize_t rows, Py_ssize_t n, uint8_t *y) {
+    weighted_body(t, x, qw, rows, n, y, 0);
+}
+static void weighted_lanes(int t, const float *x, const float *qw, Py_ssize_t rows, Py_ssize_t n, uint8_t *y) {
+    weighted_body(t, x, qw, rows, n, y, 1);
+}
+
+/* Source element kinds: the input rows as stored (the checkpoint's float16 or bfloat16 read
+ * without a float32 copy of the whole tensor). */
+enum { SRC_F32 = 0, SRC_F16 = 1, SRC_BF16 = 2 };
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <immintrin.h>
+/* F16C conversion of n (a multiple of 8) binary16 values: exact, as f16_to_f32. */
+__attribute__((target("avx2,f16c"))) static void f16_block_f16c(const uint16_t *h, float *o, int n) {
+    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+}
+#endif
+
+/* One block of the input as float32: x itself for float32, else converted into buf (exactly:
+ * binary16 and bfloat16 are subsets of binary32); *amax grows to its largest magnitude. */
+/* Not inlined: its branches on the source kind stay out of the (large, inlined) block loops. */
+static __attribute__((noinline)) const float *block_f32(const void *x, int src, Py_ssize_t i, int block, float *buf, int f16c,
+                                                         float *amax) {
+    const float *xb;
+    if (src == SRC_F32) {
+        xb = (const float *)x + i * block;
+    } else if (src == SRC_F16) {
+        const uint16_t *h = (const uint16_t *)x + i * block;
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+        if (f16c) {
+            f16_block_f16c(h, buf, block);
+        } else
+#endif
+        {
+            (void)f16c;
+            for (int j = 0; j < block; ++j) buf[j] = f16_to_f32(h[j]);
+        }
+        xb = buf;
+    } else {
+        const uint16_t *h = (const uint16_t *)x + i * block;
+        for (int j = 0; j < block; ++j) {
+            const uint32_t bits = (uint32_t)h[j] << 16;
+            memcpy(buf + j, &bits, 4);
+        }
+        xb = buf;
+    }
+    float m = *amax;
+    for (int j = 0; j < block; ++j) m = MAX(m, fabsf(xb[j]));
+    *amax = m;
+    return xb;
+}
+
+/* The block loop of one type at one level: 0 the scalar functions, 1 the lane functions (in
+ * the function's own ISA: baseline in run_lanes, AVX2 in run_lanes_avx2); returns the input's
+ * largest magnitude (for the caller's range check). */
+AI float run_body(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb, int lanes, int f16c) {
+    const int block = TYPES[t].block, size = TYPES[t].size;
+    const char *n = TYPES[t].name;
+    int lk = 0; /* which lane function: each called by name in its own loop, inlined in this ISA */
+    float buf[QK_K], amax = 0.0f;
+    if (lanes) {
+        static const char *const lane_types[] = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0"};
+        for (int k = 0; k < 6; ++k)
+            if (!strcmp(n, lane_types[k])) lk = k + 1;
+    }
+#define QF_BLOCKS(fn) \
+    for (Py_ssize_t i = 0; i < nb; i++) fn(block_f32(x, src, i, block, buf, f16c, &amax), y + i * size)
+    switch (lk) {
+    case 1: QF_BLOCKS(q2_k_lanes); break;
+    case 2: QF_BLOCKS(q3_k_lanes); break;
+    case 3: QF_BLOCKS(q4_k_lanes); break;
+    case 4: QF_BLOCKS(q5_k_lanes); break;
+    case 5: QF_BLOCKS(q6_k_lanes); break;
+    case 6: QF_BLOCKS(q8_0_lanes); break;
+    default: QF_BLOCKS(TYPES[t].fn);
+    }
+#undef QF_BLOCKS
+    return amax;
+}
+
+static float run_scalar(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb) { return run_body(t, x, src, y, nb, 0, 0); }
+static float run_lanes(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb) { return run_body(t, x, src, y, nb, 1, 0); }
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define QF_X86 1
-__attribute__((target("avx2"))) static void run_lanes_avx2(int t, const float *x, uint8_t *y, Py_ssize_t nb) { run_body(t, x, y, nb, 1); }
-/* Without AVX2 the scalar functions: the lanes as SSE pairs measured slower than them. */
+__attribute__((target("avx2,f16c"))) static float run_lanes_avx2(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb) {
+    return run_body(t, x, src, y, nb, 1, 1);
+}
+__attribute__((target("avx2,f16c"))) static void weighted_lanes_avx2(int t, const float *x, const float *qw, Py_ssize_t rows, Py_ssize_t n,
+                                                                uint8_t *y) {
+    weighted_body(t, x, qw, rows, n, y, 1);
+}
+/* Without AVX2 (and F16C, which every AVX2 CPU has) the scalar functions: the lanes as SSE
+ * pairs measured slower than them. */
 static int best_level(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") ? 2 : 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 2 : 0;
 }
 static int max_level(void) { return best_level() == 2 ? 2 : 1; }
 #else
@@ -903,48 +1313,100 @@ static int best_level(void) { return 0; }
 static int max_level(void) { return 1; }
 #endif
 
-/* quantize(type, x, out[, level]): x a C-contiguous float32 buffer of whole blocks, out a
- * writable buffer of exactly the blocks' bytes; level 0 the scalar functions, 1 the lane
- * functions in the baseline ISA, 2 in AVX2, -1 (default) best_level().  Every level writes the
- * same bytes (tests compare them all). */
+/* quantize(type, x, out[, level[, src]]): x a C-contiguous buffer of whole blocks of float32
+ * (src 0, the default), float16 (1) or bfloat16 (2) values, out a writable buffer of exactly the
+ * blocks' bytes; level 0 the scalar functions, 1 the lane functions in the baseline ISA, 2 in
+ * AVX2, -1 (default) best_level().  Every level and source kind writes the same bytes for the
+ * same values (tests compare them all).  Returns the input's largest magnitude. */
 static PyObject *py_quantize(PyObject *self, PyObject *args) {
     const char *name;
     Py_buffer xb, yb;
-    int level = -1;
+    int level = -1, src = SRC_F32;
     (void)self;
-    if (!PyArg_ParseTuple(args, "sy*w*|i", &name, &xb, &yb, &level)) return NULL;
+    if (!PyArg_ParseTuple(args, "sy*w*|ii", &name, &xb, &yb, &level, &src)) return NULL;
     int t = -1;
     for (size_t k = 0; k < sizeof TYPES / sizeof TYPES[0]; k++)
         if (strcmp(name, TYPES[k].name) == 0) t = (int)k;
     PyObject *ret = NULL;
+    const int esize = src == SRC_F32 ? 4 : 2;
     if (level < 0) level = best_level();
+    if (t < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown type %s", name);
+    } else if (src < SRC_F32 || src > SRC_BF16) {
+        PyErr_Format(PyExc_ValueError, "unknown source kind %d", src);
+    } else if (level > max_level()) {
+        PyErr_Format(PyExc_ValueError, "level %d is not supported on this CPU (at most %d)", level, max_level());
+    } else if (xb.len % (esize * TYPES[t].block)) {
+        PyErr_SetString(PyExc_ValueError, "the input is not whole blocks");
+    } else if (yb.len != xb.len / (esize * TYPES[t].block) * TYPES[t].size) {
+        PyErr_SetString(PyExc_ValueError, "the output buffer does not hold exactly the blocks");
+    } else {
+        const Py_ssize_t nb = xb.len / (esize * TYPES[t].block);
+        uint8_t *y = (uint8_t *)yb.buf;
+        float amax;
+        Py_BEGIN_ALLOW_THREADS
+#if QF_X86
+        if (level == 2)
+            amax = run_lanes_avx2(t, xb.buf, src, y, nb);
+        else
+#endif
+        if (level == 1)
+            amax = run_lanes(t, xb.buf, src, y, nb);
+        else
+            amax = run_scalar(t, xb.buf, src, y, nb);
+        Py_END_ALLOW_THREADS
+        ret = PyFloat_FromDouble(amax);
+    }
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&yb);
+    return ret;
+}
+
+/* quantize_weighted(type, x, importance, out[, level]): rows of x (C-contiguous float32, each of
+ * len(importance) elements, a whole number of blocks) as ggml's quantize_<type> with those
+ * quant_weights writes them, into out (exactly the rows' bytes); levels as quantize's. */
+static PyObject *py_quantize_weighted(PyObject *self, PyObject *args) {
+    const char *name;
+    Py_buffer xb, wb, yb;
+    int level = -1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "sy*y*w*|i", &name, &xb, &wb, &yb, &level)) return NULL;
+    if (level < 0) level = best_level();
+    int t = -1;
+    for (size_t k = 0; k < sizeof TYPES / sizeof TYPES[0]; k++)
+        if (strcmp(name, TYPES[k].name) == 0) t = (int)k;
+    PyObject *ret = NULL;
+    const Py_ssize_t n = wb.len / 4;
     if (t < 0) {
         PyErr_Format(PyExc_ValueError, "unknown type %s", name);
     } else if (level > max_level()) {
         PyErr_Format(PyExc_ValueError, "level %d is not supported on this CPU (at most %d)", level, max_level());
-    } else if (xb.len % (4 * TYPES[t].block)) {
-        PyErr_SetString(PyExc_ValueError, "the input is not whole float32 blocks");
-    } else if (yb.len != xb.len / (4 * TYPES[t].block) * TYPES[t].size) {
-        PyErr_SetString(PyExc_ValueError, "the output buffer does not hold exactly the blocks");
+    } else if (wb.len % 4 || n == 0 || n % TYPES[t].block) {
+        PyErr_SetString(PyExc_ValueError, "the importance vector is not whole float32 blocks");
+    } else if (xb.len % (4 * n)) {
+        PyErr_SetString(PyExc_ValueError, "the input is not whole rows of the importance vector's length");
+    } else if (yb.len != xb.len / (4 * n) * (n / TYPES[t].block * TYPES[t].size)) {
+        PyErr_SetString(PyExc_ValueError, "the output buffer does not hold exactly the rows' blocks");
     } else {
-        const Py_ssize_t nb = xb.len / (4 * TYPES[t].block);
-        const float *x = (const float *)xb.buf;
+        const Py_ssize_t rows = xb.len / (4 * n);
+        const float *x = (const float *)xb.buf, *qw = (const float *)wb.buf;
         uint8_t *y = (uint8_t *)yb.buf;
         Py_BEGIN_ALLOW_THREADS
 #if QF_X86
         if (level == 2)
-            run_lanes_avx2(t, x, y, nb);
+            weighted_lanes_avx2(t, x, qw, rows, n, y);
         else
 #endif
         if (level == 1)
-            run_lanes(t, x, y, nb);
+            weighted_lanes(t, x, qw, rows, n, y);
         else
-            run_scalar(t, x, y, nb);
+            weighted_scalar(t, x, qw, rows, n, y);
         Py_END_ALLOW_THREADS
         ret = Py_None;
         Py_INCREF(ret);
     }
     PyBuffer_Release(&xb);
+    PyBuffer_Release(&wb);
     PyBuffer_Release(&yb);
     return ret;
 }
@@ -956,7 +1418,11 @@ static PyObject *py_best_level(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"quantize", py_quantize, METH_VARARGS, "quantize(type, x, out[, level]): ggml's reference blocks of float32 x into out."},
+    {"quantize", py_quantize, METH_VARARGS,
+     "quantize(type, x, out[, level[, src]]): ggml's reference blocks of x (float32, float16 or bfloat16) into out; "
+     "returns the largest magnitude of x."},
+    {"quantize_weighted", py_quantize_weighted, METH_VARARGS,
+     "quantize_weighted(type, x, importance, out): rows of float32 x as ggml's quantize_<type> with quant_weights."},
     {"best_level", py_best_level, METH_NOARGS, "The level used by default: 2 (lanes, AVX2) where the CPU has AVX2, else 0 (scalar)."},
     {NULL, NULL, 0, NULL},
 };

@@ -13,9 +13,9 @@ Bit exactness rests on three rules, each kept on purpose:
   multiply-adds (ggml-base is built without FMA contraction on x86);
 - every sum runs element by element in the C loop's order, as separate NumPy additions over
   rows laid out as ``[elements, blocks]`` (NumPy's own reductions sum pairwise);
-- ``nearest_int`` (``x + 1.5 * 2^23``, whose bits then hold the integer) is round half to
-  even, which :func:`numpy.rint` is for the magnitudes that occur (below 2^22); ``roundf`` (Q8_0)
-  rounds half away from zero, done in float64 where ``|x| + 0.5`` is exact.
+- ``nearest_int`` (``x + 1.5 * 2^23``, whose bits then hold the integer) is computed the same
+  way, bits included (round half to even below 2^22, ggml's bit pattern beyond); ``roundf``
+  (Q8_0) rounds half away from zero, done in float64 where ``|x| + 0.5`` is exact.
 
 Iterative searches whose state changes the next step (``make_qkx2_quants`` moves ``min`` when a
 candidate wins; ``make_q3_quants`` updates its sums element by element) keep that state per
@@ -44,10 +44,13 @@ SIZES: dict[str, tuple[int, int]] = {
 
 # -- helpers --------------------------------------------------------------------------------------
 def _ni(v: np.ndarray) -> np.ndarray:
-    """ggml's ``nearest_int``: round half to even (int32).  Lanes a caller discards may hold
-    NaN or Inf; their values are irrelevant."""
-    with np.errstate(invalid="ignore"):
-        return np.rint(v).astype(np.int32)
+    """ggml's ``nearest_int`` as it computes it: ``v + 1.5 * 2^23`` in binary32, then the low 23
+    bits of the sum, less 2^22 (int32).  That is round half to even for |v| < 2^22; beyond it
+    (a scale search over a near-empty range, which importance weights of 0 can reach) the
+    result is what the bits give, and so it is here, not ``rint``'s."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        val = np.asarray(v, F) + F(12582912.0)
+    return (val.view(np.int32) & 0x007FFFFF) - 0x00400000
 
 
 def _clip(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -175,7 +178,9 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
     """``make_qkx2_quants``: (L uint8 [n, S], scale [S], the_min [S]) of unsigned codes with a
     scale and a subtracted minimum, searching ``nstep + 1`` scales around ``nmax / (max - min)``."""
     n = x.shape[0]
-    mn = x.min(axis=0)
+    # the first minimum, as ggml's ``if (x[i] < min)`` keeps it: the sign of a zero minimum
+    # reaches Q4_1 / Q5_1's F16 ``m`` through make_qkx3_quants
+    mn = _first_extreme(x.T, x.min(axis=0))
     mx = x.max(axis=0)
     sum_w = _seq_sum(lambda i: w[i + 1], n - 1, w[0])
     sum_x = _seq_sum(lambda i: w[i + 1] * x[i + 1], n - 1, w[0] * x[0])
@@ -219,13 +224,13 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
     return L.astype(np.uint8), scale, (-mn).astype(F)
 
 
-def _make_qx(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """``make_qx_quants`` with rmse_type 1 and no weights: (L int32 [n, S] in 0..2 nmax - 1,
-    scale [S]); the best of 19 scales by the weighted (x^2) least-squares fit."""
+def _make_qx(x: np.ndarray, nmax: int, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``make_qx_quants`` with rmse_type 1: (L int32 [n, S] in 0..2 nmax - 1, scale [S]); the
+    best of 19 scales by the weighted least-squares fit (weights ``w`` [n, S], or x^2)."""
     n = x.shape[0]
     amax, mx = _first_absmax(x)
     zero = amax < _GROUP_MAX_EPS
-    w = x * x
+    w = x * x if w is None else w
     wx = w * x
 
     def fit(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -325,6 +330,13 @@ def _q2_k(xb: np.ndarray) -> np.ndarray:
     sc = ((ls & 0xFF) | ((lm << 4) & 0xFF)).astype(np.uint8)  # uint8 stores, as C's
     d = _f16(np.where(max_scale > 0, max_scale / q4, F(0)))
     dmin = _f16(np.where(max_min > 0, max_min / q4, F(0)))
+    return q2_k_tail(x, L, sc, d, dmin, nb)
+
+
+def q2_k_tail(x: np.ndarray, L: np.ndarray, sc: np.ndarray, d: np.ndarray, dmin: np.ndarray, nb: int) -> np.ndarray:
+    """Q2_K's blocks from the sub-block codes ``L`` ([16, S]), the scale bytes ``sc`` [nb, 16]
+    (4-bit scale, 4-bit minimum) and ``d`` / ``dmin`` (F16 bits): codes re-fitted to the stored
+    scales, then packed (shared by the reference and the importance-weighted quantizer)."""
     dd = (_f32(d)[:, None] * (sc & 0xF).astype(F)).reshape(-1)
     dm = (_f32(dmin)[:, None] * (sc >> 4).astype(F)).reshape(-1)
     L = _requant(x, dd, dm, 0, 3, L.astype(np.int32))
@@ -349,6 +361,13 @@ def _q3_k(xb: np.ndarray) -> np.ndarray:
     l6 = np.where(nz[:, None], l6, 0)
     with np.errstate(divide="ignore"):
         d = _f16(np.where(nz, F(1) / iscale, F(0)))
+    return q3_k_tail(x, L, l6, d, nb)
+
+
+def q3_k_tail(x: np.ndarray, L: np.ndarray, l6: np.ndarray, d: np.ndarray, nb: int) -> np.ndarray:
+    """Q3_K's blocks from the sub-block codes ``L`` (0..7, [16, S]), the 6-bit scales ``l6``
+    [nb, 16] (stored value, 0..63) and ``d`` (F16 bits): codes re-fitted to the stored scales,
+    then packed (shared by the reference and the importance-weighted quantizer)."""
     sc = l6 - 32  # the stored 6-bit scale, decoded (all-zero bytes: -32)
     dd = (_f32(d)[:, None] * sc.astype(F)).reshape(-1)
     L = _unsub(_requant(x, dd, None, -4, 3, L - 4) + 4, nb)
@@ -393,8 +412,13 @@ def _q45_k(xb: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarr
 
 
 def _q4_k(xb: np.ndarray) -> np.ndarray:
-    L, head = _q45_k(xb, 15, -1.0, 20)
-    out = np.empty((xb.shape[0], 144), np.uint8)
+    return q4_k_pack(*_q45_k(xb, 15, -1.0, 20))
+
+
+def q4_k_pack(L: np.ndarray, head: np.ndarray) -> np.ndarray:
+    """Q4_K's blocks: the 16 header bytes, then per 64 elements bytes of element j (low
+    nibble) and j + 32 (high)."""
+    out = np.empty((L.shape[0], 144), np.uint8)
     out[:, :16] = head
     q = L.reshape(-1, 4, 2, 32).astype(np.uint8)
     out[:, 16:] = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
@@ -402,8 +426,12 @@ def _q4_k(xb: np.ndarray) -> np.ndarray:
 
 
 def _q5_k(xb: np.ndarray) -> np.ndarray:
-    L, head = _q45_k(xb, 31, -0.5, 15)
-    nb = xb.shape[0]
+    return q5_k_pack(*_q45_k(xb, 31, -0.5, 15))
+
+
+def q5_k_pack(L: np.ndarray, head: np.ndarray) -> np.ndarray:
+    """Q5_K's blocks: the header, the fifth bits (``qh``), then the low nibbles as Q4_K's."""
+    nb = L.shape[0]
     out = np.empty((nb, 176), np.uint8)
     out[:, :16] = head
     q = L.reshape(nb, 4, 2, 32).astype(np.uint8)  # per 64: elements j and j + 32
@@ -417,6 +445,13 @@ def _q6_k(xb: np.ndarray) -> np.ndarray:
     nb = xb.shape[0]
     x = _sub(xb, 16)
     L, scales = _make_qx(x, 32)
+    return q6_k_tail(x, L, scales, nb)
+
+
+def q6_k_tail(x: np.ndarray, L: np.ndarray, scales: np.ndarray, nb: int) -> np.ndarray:
+    """Q6_K's blocks from the sub-block codes ``L`` (0..63, [16, S]) and scales [S]: the 8-bit
+    scales of the largest-magnitude one, codes re-fitted to them, packed (shared by the
+    reference and the importance-weighted quantizer, whose only difference is the weights)."""
     scales = scales.reshape(nb, 16)
     amax, max_scale = _first_absmax(scales.T)
     empty = amax < _GROUP_MAX_EPS

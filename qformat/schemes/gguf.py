@@ -12,6 +12,12 @@ them as gguf-py and llama.cpp do.
 Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (super-blocks
 of 256); the last axis must be a multiple of the block.  The input is rounded to binary32 first
 (float16 and bfloat16 are exact there; float64 rounds once), as llama.cpp reads its source.
+
+``importance`` (optional): the tensor's importance vector, one value per column (what
+``llama-quantize --imatrix`` takes from an importance matrix file, :mod:`qformat.imatrix`; for a
+3-D tensor of experts, one vector per expert, ``[experts, columns]``).  The blocks are then
+those of ggml's weighted quantizers (:mod:`.ggml_weighted`), byte for byte; Q8_0 ignores it,
+as ggml does.  It shapes the choice of codes only: the descriptor is the same.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ..errors import error
 from ..qtensor import QTensor, rename_references
 from ._common import check_choice, map_chunks
 from .ggml_blocks import SIZES, TYPES, quantize_blocks
+from .ggml_weighted import quantize_rows_weighted
 from .registry import Planned, register
 
 #: ggml type ids (ggml.h's ``enum ggml_type``) of the types this scheme writes.
@@ -85,31 +92,76 @@ def _check_finite(blocks: np.ndarray, t: str, shape: tuple[int, ...]) -> None:
                         f"its values are too large for {t}'s F16 scales")
 
 
-def plan(shape: tuple[int, ...], dtype: str, type: Any = "Q4_K") -> Planned:  # noqa: A002 (the parameter's name)
+def _importance(shape: tuple[int, ...], importance: Any) -> np.ndarray | None:
+    """The importance vectors as float32 [experts, columns] (experts 1 unless a 3-D tensor gives
+    one per expert), or None; ENCODE_PARAM_INVALID for a wrong shape or a non-finite value."""
+    if importance is None:
+        return None
+    try:
+        w = np.asarray(importance, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise error("ENCODE_PARAM_INVALID", f"importance must be an array of numbers, found {type(importance).__name__}",
+                    field="importance") from None
+    cols = shape[-1] if shape else 0
+    experts = shape[0] if len(shape) == 3 else 1
+    if w.size == cols:
+        w = w.reshape(1, cols)
+    elif len(shape) == 3 and w.size == experts * cols:
+        w = w.reshape(experts, cols)
+    else:
+        per = f" or {experts} x {cols} (one per expert)" if len(shape) == 3 else ""
+        raise error("ENCODE_PARAM_INVALID", f"importance has {w.size} values, expected {cols} (one per column of the last axis){per}",
+                    field="importance")
+    if not np.isfinite(w).all():
+        raise error("ENCODE_PARAM_INVALID", "importance holds NaN or infinite values, expected finite ones", field="importance")
+    return np.ascontiguousarray(w)
+
+
+def plan(shape: tuple[int, ...], dtype: str, type: Any = "Q4_K", importance: Any = None) -> Planned:  # noqa: A002 (the parameter's name)
     t = _check(shape, type)
+    _importance(shape, importance)
     desc, comps = _described(shape, t, None)
     desc["dtype"] = dtype
     return desc, {k: (c.spec.dtype, tuple(c.spec.shape)) for k, c in comps.items()}
 
 
 @register("gguf", plan, proxy_row=2 * 256)
-def encode(x: np.ndarray, *, dtype: str, type: Any = "Q4_K") -> QTensor:  # noqa: A002
+def encode(x: np.ndarray, *, dtype: str, type: Any = "Q4_K", importance: Any = None) -> QTensor:  # noqa: A002
     shape = tuple(x.shape)
     t = _check(shape, type)
+    qw = _importance(shape, importance)
     block, size = SIZES[t]
     rows = x.reshape(math.prod(shape[:-1]), shape[-1])
+    per_expert = rows.shape[0] // qw.shape[0] if qw is not None and qw.shape[0] > 1 else rows.shape[0] or 1
     per_row = shape[-1] // block * size
     blocks = np.empty((rows.shape[0], per_row), np.uint8)
+
+    def too_large(top: float) -> None:
+        if top >= MAX_MAGNITUDE:
+            raise error("ENCODE_INPUT_INVALID", f"type {t}: values of magnitude {top:.4g} overflow ggml's quantizers (squares beyond "
+                        f"binary32, F16 scales beyond 65504); they take magnitudes below {MAX_MAGNITUDE:.4g}")
 
     def part(lo: int, hi: int) -> None:
         if hi == lo or per_row == 0:
             return
+        if qw is None and kernels.ggml_available() and rows.dtype.name in ("float32", "float16", "bfloat16"):
+            # the C kernel reads float16 / bfloat16 rows as stored (exact in binary32) and
+            # returns their largest magnitude: one pass over the source, no float32 copy
+            too_large(kernels.ggml_quantize(t, np.ascontiguousarray(rows[lo:hi]), blocks[lo:hi]))
+            return
         xr = np.asarray(rows[lo:hi], np.float32)  # binary32, as ggml reads its rows
-        top = max(float(xr.max()), -float(xr.min()))  # no |x| temporary
-        if top >= MAX_MAGNITUDE:
-            raise error("ENCODE_INPUT_INVALID", f"type {t}: values of magnitude {top:.4g} overflow ggml's quantizers (squares beyond "
-                        f"binary32, F16 scales beyond 65504); they take magnitudes below {MAX_MAGNITUDE:.4g}")
-        if kernels.ggml_available():  # the same bytes, about 3-40x faster (bench/)
+        too_large(max(float(xr.max()), -float(xr.min())))  # no |x| temporary
+        if qw is not None:  # llama-quantize --imatrix: ggml's weighted quantizers, row by row
+            a = lo
+            while a < hi:  # the rows of one expert at a time, each expert with its vector
+                b = min(hi, (a // per_expert + 1) * per_expert)
+                w, xs = qw[a // per_expert], np.ascontiguousarray(xr[a - lo:b - lo])
+                if kernels.ggml_available():
+                    kernels.ggml_quantize_weighted(t, xs, w, blocks[a:b])
+                else:
+                    blocks[a:b] = quantize_rows_weighted(xs, t, w)
+                a = b
+        elif kernels.ggml_available():  # the same bytes, about 3-40x faster (bench/)
             kernels.ggml_quantize(t, np.ascontiguousarray(xr), blocks[lo:hi])
         else:
             blocks[lo:hi] = quantize_blocks(xr.reshape(-1, block), t).reshape(hi - lo, per_row)
