@@ -35,7 +35,7 @@ from . import llama_cpp as L
 from . import llama_cpp_source
 from .imatrix_files import write_gguf
 from .test_llama_cpp import _once, _qformat, paragraph, source, tools  # noqa: F401 (fixtures)
-from .test_llama_cpp_quantize import FIXTURE_ROWS, _tensors, f32_sources  # noqa: F401 (fixtures)
+from .test_llama_cpp_quantize import FIXTURE_ROWS, _tensors, assert_same_tensors, f32_sources, gguf_int  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.llama_cpp
 
@@ -156,20 +156,9 @@ def test_preset_with_imatrix_equals_llama_quantize(preset, imatrices, f32_source
     q, out = tmp_path / "q", tmp_path / "out.gguf"
     _qformat("quantize", folder, q, "--preset", preset, "--imatrix", im, "--quiet")
     _qformat("export", q, out, "--to", "gguf", "--quiet")
-    ref, got = _tensors(ref_path), _tensors(out)
-    assert sorted(ref) == sorted(got)
-    for name, (tname, raw, shape) in ref.items():
-        gname, graw, gshape = got[name]
-        assert (gname, gshape) == (tname, shape), name
-        assert np.array_equal(np.asarray(graw).reshape(-1).view(np.uint8), np.asarray(raw).reshape(-1).view(np.uint8)), name
-    from gguf import GGUFReader
-
-    def field(p: Path, key: str) -> int:
-        f = GGUFReader(str(p)).fields[key]
-        return int(f.parts[f.data[0]][0])
-
+    assert_same_tensors(ref_path, out)
     for key in ("general.file_type", "quantize.imatrix.entries_count", "quantize.imatrix.chunks_count"):
-        assert field(out, key) == field(ref_path, key), key
+        assert gguf_int(out, key) == gguf_int(ref_path, key), key
 
 
 def test_weighted_fixture_is_what_llama_quantize_writes(imatrices, f32_sources, tmp_path_factory) -> None:

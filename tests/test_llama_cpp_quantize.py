@@ -124,6 +124,24 @@ def _tensors(path: Path) -> dict[str, tuple[str, np.ndarray, tuple[int, ...]]]:
     return {t.name: (t.tensor_type.name, np.asarray(t.data), tuple(int(s) for s in reversed(t.shape.tolist()))) for t in r.tensors}
 
 
+def assert_same_tensors(ref_path: Path, out: Path) -> None:
+    """Two GGUF files hold the same tensors, each of the same type, shape and bytes."""
+    ref, got = _tensors(ref_path), _tensors(out)
+    assert sorted(ref) == sorted(got)
+    for name, (tname, raw, shape) in ref.items():
+        gname, graw, gshape = got[name]
+        assert (gname, gshape) == (tname, shape), name
+        assert np.array_equal(np.asarray(graw).reshape(-1).view(np.uint8), np.asarray(raw).reshape(-1).view(np.uint8)), name
+
+
+def gguf_int(path: Path, key: str) -> int:
+    """An integer metadata value of a GGUF file."""
+    from gguf import GGUFReader
+
+    f = GGUFReader(str(path)).fields[key]
+    return int(f.parts[f.data[0]][0])
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("kind", ["trained", "random"])
 def test_type_byte_identical_with_llama_quantize(qtype, kind, f32_sources, tmp_path_factory):
@@ -167,19 +185,8 @@ def test_preset_equals_llama_quantize(preset, f32_sources, tmp_path_factory, tmp
     _qformat("quantize", folder, q, "--preset", preset, "--save-recipe", tmp_path / "recipe.toml", "--quiet")
     out = tmp_path / "out.gguf"
     _qformat("export", q, out, "--to", "gguf", "--quiet")
-    ref, got = _tensors(ref_path), _tensors(out)
-    assert sorted(ref) == sorted(got)
-    for name, (tname, raw, shape) in ref.items():
-        gname, graw, gshape = got[name]
-        assert (gname, gshape) == (tname, shape), name
-        assert np.array_equal(np.asarray(graw).reshape(-1).view(np.uint8), np.asarray(raw).reshape(-1).view(np.uint8)), name
-    from gguf import GGUFReader
-
-    def ftype(p: Path) -> int:
-        f = GGUFReader(str(p)).fields["general.file_type"]
-        return int(f.parts[f.data[0]][0])
-
-    assert ftype(out) == ftype(ref_path) == presets()[preset]["ftype"]
+    assert_same_tensors(ref_path, out)
+    assert gguf_int(out, "general.file_type") == gguf_int(ref_path, "general.file_type") == presets()[preset]["ftype"]
     # the saved recipe gives the same checkpoint
     q2 = tmp_path / "q2"
     _qformat("quantize", folder, q2, "--recipe", tmp_path / "recipe.toml", "--quiet")

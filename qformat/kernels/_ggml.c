@@ -91,6 +91,18 @@ static inline float get16(const uint8_t *p) { return f16_to_f32((uint16_t)(p[0] 
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 
 /* -- 32-element types ------------------------------------------------------------------------- */
+/* The codes q[32] of a 32-element block at qs: for 5 bits first their fifth bits as one
+ * little-endian uint32 (bit j: element j), then the low nibbles (byte j: elements j and j + 16). */
+static void pack_legacy(uint8_t *qs, const uint8_t *q, int bits) {
+    if (bits == 5) {
+        uint32_t qh = 0;
+        for (int j = 0; j < QK; j++) qh |= (uint32_t)((q[j] >> 4) & 1) << j;
+        for (int k = 0; k < 4; k++) qs[k] = (uint8_t)(qh >> (8 * k));
+        qs += 4;
+    }
+    for (int j = 0; j < QK / 2; j++) qs[j] = (uint8_t)((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
+}
+
 static void q4_0_like(const float *x, uint8_t *y, int nmax, int bits) {
     float amax = 0.0f, max = 0.0f;
     for (int j = 0; j < QK; j++) {
@@ -107,14 +119,7 @@ static void q4_0_like(const float *x, uint8_t *y, int nmax, int bits) {
     const int top = (1 << bits) - 1;
     uint8_t q[QK];
     for (int j = 0; j < QK; j++) q[j] = (uint8_t)MIN(top, (int8_t)trunc_i32(x[j] * id + off));
-    if (bits == 4) {
-        for (int j = 0; j < QK / 2; j++) y[2 + j] = (uint8_t)(q[j] | (q[j + 16] << 4));
-    } else {
-        uint32_t qh = 0;
-        for (int j = 0; j < QK; j++) qh |= (uint32_t)((q[j] >> 4) & 1) << j;
-        for (int k = 0; k < 4; k++) y[2 + k] = (uint8_t)(qh >> (8 * k));
-        for (int j = 0; j < QK / 2; j++) y[6 + j] = (uint8_t)((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
-    }
+    pack_legacy(y + 2, q, bits);
 }
 
 static void q4_1_like(const float *x, uint8_t *y, int bits) {
@@ -133,14 +138,7 @@ static void q4_1_like(const float *x, uint8_t *y, int bits) {
         const int32_t t = trunc_i32((x[j] - min) * id + 0.5f);
         q[j] = bits == 4 ? (uint8_t)MIN(15, (int8_t)t) : (uint8_t)t;
     }
-    if (bits == 4) {
-        for (int j = 0; j < QK / 2; j++) y[4 + j] = (uint8_t)(q[j] | (q[j + 16] << 4));
-    } else {
-        uint32_t qh = 0;
-        for (int j = 0; j < QK; j++) qh |= (uint32_t)((q[j] >> 4) & 1) << j;
-        for (int k = 0; k < 4; k++) y[4 + k] = (uint8_t)(qh >> (8 * k));
-        for (int j = 0; j < QK / 2; j++) y[8 + j] = (uint8_t)((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
-    }
+    pack_legacy(y + 4, q, bits);
 }
 
 /* roundf (half away from zero) to int8 as ggml's (int8_t)roundf(v) is evaluated on x86:
@@ -705,17 +703,7 @@ static float sum_sq(Py_ssize_t n, const float *x) {
 static void legacy_store(uint8_t *y, const uint8_t *L, float d, float min, int bits, int with_min) {
     put16(y, f32_to_f16(d));
     if (with_min) put16(y + 2, f32_to_f16(-min));
-    uint8_t *qs = y + (with_min ? 4 : 2);
-    if (bits == 5) {
-        uint32_t qh = 0;
-        for (int j = 0; j < 16; ++j) {
-            qh |= ((L[j] & 0x10u) >> 4) << j;
-            qh |= ((L[j + 16] & 0x10u) >> 4) << (j + 16);
-        }
-        for (int k = 0; k < 4; ++k) qs[k] = (uint8_t)(qh >> (8 * k));
-        qs += 4;
-    }
-    for (int j = 0; j < 16; ++j) qs[j] = (uint8_t)((L[j] & 0xF) | ((L[j + 16] & 0xF) << 4));
+    pack_legacy(y + (with_min ? 4 : 2), L, bits);
 }
 
 /* Blocks [b0, b1) of a row of a legacy type, scalar (the row's sigma2 given). */

@@ -145,12 +145,19 @@ def _legacy(xb: np.ndarray, bits: int, with_min: bool) -> np.ndarray:
     for 5 bits the high bits as one little-endian uint32, then the low nibbles."""
     if with_min:
         q, d, m = _q4_1_like(xb, bits, clamp=bits == 4)
-    else:
-        q, d = _q4_0_like(xb, 1 << (bits - 1), bits)
-    off = 4 if with_min else 2
-    out = np.zeros((xb.shape[0], off + (4 if bits == 5 else 0) + 16), np.uint8)
+        return legacy_pack(q, d, m, bits)
+    q, d = _q4_0_like(xb, 1 << (bits - 1), bits)
+    return legacy_pack(q, d, None, bits)
+
+
+def legacy_pack(q: np.ndarray, d: np.ndarray, m: np.ndarray | None, bits: int) -> np.ndarray:
+    """The blocks of a 32-element type from its codes ``q`` [nb, 32] and F16 bits ``d`` (and
+    ``m``): d [, m], for 5 bits the fifth bits, then the low nibbles (shared by the reference and
+    the importance-weighted quantizer)."""
+    off = 2 if m is None else 4
+    out = np.zeros((q.shape[0], off + (4 if bits == 5 else 0) + 16), np.uint8)
     _put16(out, 0, d)
-    if with_min:
+    if m is not None:
         _put16(out, 2, m)
     if bits == 5:
         _high_bits(out, off, q)

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ggml_blocks import (F, QK_K, SIZES, _GROUP_MAX_EPS, _f16, _f32, _high_bits, _make_qkx2, _make_qx, _ni,
-                          _nibbles, _put16, _q8_0, _requant, _seq_sum, _sub, _unsub, q2_k_tail, q3_k_tail, q4_k_pack, q5_k_pack,
-                          q6_k_tail)
+from .ggml_blocks import (F, QK_K, SIZES, _GROUP_MAX_EPS, _f16, _f32, _make_qkx2, _make_qx, _ni, _put16, _q8_0, _requant,
+                          _seq_sum, _sub, _unsub, legacy_pack, q2_k_tail, q3_k_tail, q4_k_pack, q5_k_pack, q6_k_tail)
 
 #: make_qkx3_quants' search, the same for every type that uses it (rmin, rdelta, nstep).
 _QKX3 = (-0.9, 0.05, 36)
@@ -112,21 +111,11 @@ def _legacy_w(rows: np.ndarray, qw: np.ndarray, bits: int, with_min: bool) -> np
     sigma2 = np.repeat(_row_sigma2(rows, 1), nb)
     w = _weights(xb, np.tile(qw.reshape(nb, 32), (r, 1)), sigma2)
     x, wt = np.ascontiguousarray(xb.T), np.ascontiguousarray(w.T)
-    off = 4 if with_min else 2
-    out = np.zeros((r * nb, off + (4 if bits == 5 else 0) + 16), np.uint8)
     if with_min:
         L, scale, the_min = _make_qkx3(x, wt, (1 << bits) - 1)
-        _put16(out, 0, _f16(scale))
-        _put16(out, 2, _f16(-the_min))
-    else:
-        L, scale = _make_qx(x, 1 << (bits - 1), wt)
-        _put16(out, 0, _f16(scale))
-    q = np.ascontiguousarray(L.T).astype(np.int32)
-    if bits == 5:
-        _high_bits(out, off, q)
-        off += 4
-    _nibbles(out, off, q)
-    return out
+        return legacy_pack(np.ascontiguousarray(L.T).astype(np.int32), _f16(scale), _f16(-the_min), bits)
+    L, scale = _make_qx(x, 1 << (bits - 1), wt)
+    return legacy_pack(np.ascontiguousarray(L.T).astype(np.int32), _f16(scale), None, bits)
 
 
 def _q2_k_w(xb: np.ndarray, qw: np.ndarray) -> np.ndarray:
