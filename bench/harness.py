@@ -710,7 +710,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="bench/results.json", help="where to write the results")
     ap.add_argument("--only", default="decode,kernels,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
                     help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py; "
-                         "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py; remote, bench/remote.py)")
+                         "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py; remote, bench/remote.py; "
+                         "multihost_jax, tp_torch, split_convert: bench/multihost_jax.py, tp_torch.py, split_convert.py, or all three as multihost)")
     ap.add_argument("--checkpoint-gb", default="0.5,1,2,4", help="source sizes of the checkpoint section (GiB, comma-separated)")
     ap.add_argument("--llama-gb", type=float, default=1.5, help="size of the llama section's fp16 checkpoint (GiB)")
     ap.add_argument("--gguf-hf-layers", type=int, default=4, help="layers of the gguf_hf section's Llama-shaped GGUF")
@@ -770,6 +771,19 @@ def main(argv: list[str] | None = None) -> int:
             from .remote import bench_remote
 
             bench_remote(run, tmp, a.quick)
+        # issue 27: several processes (each section starts its own; "multihost" runs all three)
+        if only & {"multihost", "multihost_jax"}:
+            from .multihost_jax import bench_multihost_jax
+
+            bench_multihost_jax(run, tmp, a.quick)
+        if only & {"multihost", "tp_torch"}:
+            from .tp_torch import bench_tp_torch
+
+            bench_tp_torch(run, tmp, a.quick)
+        if only & {"multihost", "split_convert"}:
+            from .split_convert import bench_split_convert
+
+            bench_split_convert(run, tmp, a.quick)
         if "generate" in only:
             from .generate import bench_generate
 

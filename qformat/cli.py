@@ -20,7 +20,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="qformat", description="Check, inspect, compare, quantize, dequantize, convert and export quantized checkpoints "
+    p = _Parser(prog="qformat", description="Check, inspect, compare, quantize, dequantize, convert, merge and export quantized checkpoints "
                                                  "(qformat in safetensors files; GGUF and other formats through convert and export).")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     c = sub.add_parser("check", help="check files, folders or sharded checkpoints (index.json) for conformance")
@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     cv.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     cv.add_argument("--quiet", action="store_true", help="no progress bar")
     cv.add_argument("--list", action="store_true", help="list the source formats and exit")
+    _split_options(cv)
     _no_check(cv)
     q = sub.add_parser("quantize", help="quantize a plain checkpoint (folder, .safetensors, index.json) into qformat")
     q.add_argument("src", metavar="SRC", help="a model folder (config.json + model.safetensors or a sharded index), a .safetensors file or an index.json")
@@ -73,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
                    "partial groups, which is otherwise a warning naming the export targets that will refuse the result")
     q.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
+    _split_options(q)
+    mg = sub.add_parser("merge", help="put the parts of a split quantize or convert (--part K/N) together as DST")
+    mg.add_argument("dst", metavar="DST", help="the destination the parts were written for (they are in DST.parts/)")
+    mg.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    mg.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     dq = sub.add_parser("dequantize", help="decode a qformat checkpoint into a plain safetensors checkpoint")
     dq.add_argument("src", metavar="SRC", help="a qformat folder, .safetensors file or index.json")
     dq.add_argument("dst", metavar="DST", help="the output: a folder for a folder or sharded source, else a file")
@@ -124,6 +130,13 @@ def _parser() -> argparse.ArgumentParser:
     rd.add_argument("input", metavar="INPUT")
     rd.add_argument("output", metavar="OUTPUT")
     return p
+
+
+def _split_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--part", metavar="K/N", help="write only part K of N of the output's shards, into DST.parts/ "
+                   "(the same N on every host; then `qformat merge DST`); parts are assigned from the plan alone, balanced by bytes")
+    g.add_argument("--workers", type=int, metavar="N", help="write the output as N parts in N processes on this machine, then merge them")
 
 
 def _no_check(p: argparse.ArgumentParser) -> None:
@@ -188,10 +201,22 @@ def _convert(args: argparse.Namespace) -> int:
         return 2
     try:
         layout = _gguf_layout(args)
+        split = args.part is not None or args.workers is not None
         if layout == "hf":
+            if split:
+                from .errors import error
+
+                raise error("SPLIT_PART_INVALID", "a GGUF model is one file written as one model.safetensors: "
+                            "--part and --workers split a sharded output; run without them", field="part")
             return _convert_hf(args)
-        s = cv.convert(args.src, args.dst, from_format=args.from_format, repack=args.repack,
-                       overwrite=args.overwrite, progress=None if args.quiet else sys.stderr)
+        if split:
+            from .checkpoint.split import convert as split_convert
+
+            s = split_convert(args.src, args.dst, from_format=args.from_format, repack=args.repack, overwrite=args.overwrite,
+                              progress=None if args.quiet else sys.stderr, part=args.part, workers=args.workers)
+        else:
+            s = cv.convert(args.src, args.dst, from_format=args.from_format, repack=args.repack,
+                           overwrite=args.overwrite, progress=None if args.quiet else sys.stderr)
     except QFormatError as e:
         print(f"qformat: {e}", file=sys.stderr)
         return 2 if e.category == "usage" else 1
@@ -200,8 +225,23 @@ def _convert(args: argparse.Namespace) -> int:
     except Exception as e:  # never a traceback
         print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return 3
+    if args.part is not None:
+        _print_part(args.dst, s.parts[0])
+        return 0
     print(f"{args.dst}: wrote {s.logical} quantized tensors, {s.stored} stored tensors, {s.bytes / 1e6:,.1f} MB in {len(s.files)} file(s)")
+    _print_parts(s.parts)
     return 0
+
+
+def _print_part(dst: str, p: dict) -> None:  # type: ignore[type-arg]
+    print(f"{dst}: part {p['part']}/{p['parts']} written to {p['folder']}: {len(p['files'])} file(s), {p['bytes'] / 1e6:,.1f} MB "
+          f"in {p['seconds']:.1f} s; when every part is done: qformat merge {dst}")
+
+
+def _print_parts(parts: list) -> None:  # type: ignore[type-arg]
+    for p in parts:
+        print(f"  part {p['part']}/{p['parts']}: {len(p['files'])} file(s), {p['bytes'] / 1e6:,.1f} MB, "
+              f"{p['seconds']:.1f} s wall, {p['cpu_seconds']:.1f} s CPU")
 
 
 def _gguf_layout(args: argparse.Namespace) -> str | None:
@@ -370,12 +410,32 @@ def _quantize(args: argparse.Namespace) -> int:
                 f.write(text)
         s = quantize_checkpoint(args.src, args.dst, scheme=args.scheme, recipe=args.recipe, max_shard_size=args.max_shard_size,
                                 overwrite=args.overwrite, progress=None if (args.quiet or args.json) else sys.stderr,
-                                notice=stderr_notice, strict=args.strict, preset=args.preset, imatrix=args.imatrix, **params)
+                                notice=stderr_notice, strict=args.strict, preset=args.preset, imatrix=args.imatrix,
+                                part=args.part, workers=args.workers, **params)
         if args.json:
             print(json.dumps(s.to_dict(), indent=2))
+        elif args.part is not None:
+            _print_part(args.dst, s.parts[0])
         else:
             print(f"{args.dst}: quantized {s.quantized_tensors} tensors, kept {s.kept['tensors']}")
             print("\n".join(s.lines()))
+            _print_parts(s.parts)
+        return 0
+
+    return _run_job(args, job)
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from .checkpoint.output import stderr_notice
+    from .checkpoint.split import merge
+
+    def job() -> int:
+        m = merge(args.dst, overwrite=args.overwrite, notice=stderr_notice)
+        if args.json:
+            print(json.dumps(m.to_dict(), indent=2))
+        else:
+            print(f"{args.dst}: merged {len(m.parts)} parts of {m.command}: {len(m.files)} file(s), {m.bytes / 1e6:,.1f} MB")
+            _print_parts(m.parts)
         return 0
 
     return _run_job(args, job)
@@ -437,6 +497,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    fetched_before = _fetched()
     try:
         if getattr(args, "no_check", False):
             from .checkpoint.source import unchecked
@@ -447,21 +508,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return _closed_pipe(args)
     finally:
-        _remote_note()
+        _remote_note(fetched_before)
 
 
-def _remote_note() -> None:
-    """For http(s) arguments: how much was fetched (on stderr, so --json output stays JSON)."""
+def _fetched() -> tuple[int, int]:
+    """(bytes, requests) fetched over HTTP by this process so far; (0, 0) before any remote read."""
     remote = sys.modules.get("qformat.remote")
-    if remote is None:
-        return
-    nbytes, requests = remote.fetched_total()
+    return (0, 0) if remote is None else remote.fetched_total()
+
+
+def _remote_note(before: tuple[int, int]) -> None:
+    """For http(s) arguments: how much this command fetched (on stderr, so --json output stays
+    JSON).  The process's running total minus what it was when the command started: a program
+    that calls :func:`main` more than once hears only about each command's own fetches."""
+    total = _fetched()
+    nbytes, requests = total[0] - before[0], total[1] - before[1]
     if requests:
         print(f"qformat: fetched {nbytes:,} bytes in {requests} HTTP request(s)", file=sys.stderr)
 
 
 #: Commands whose work is a written checkpoint: done before their report is printed.
-_WRITERS = ("convert", "quantize", "dequantize", "export")
+_WRITERS = ("convert", "quantize", "dequantize", "export", "merge")
 
 
 def _closed_pipe(args: argparse.Namespace) -> int:
@@ -484,6 +551,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _quantize(args)
     if args.command == "dequantize":
         return _dequantize(args)
+    if args.command == "merge":
+        return _merge(args)
     if args.command == "conformance":
         from . import conformance
 

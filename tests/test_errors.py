@@ -985,6 +985,9 @@ USAGE_CASES = [
         _plain_file(tmp, v), tmp / "o.safetensors", recipe={"rules": [{"glob": "nope", "keep": True}]})),
     U("IMATRIX_INVALID", "imatrix-not-an-imatrix-file", lambda tmp, v: qformat.quantize_checkpoint(
         _plain_file(tmp, v), tmp / "o.safetensors", scheme="gguf", type="Q8_0", imatrix=v)),
+    U("SPLIT_PART_INVALID", "part-k-beyond-n", lambda tmp, v: qformat.quantize_checkpoint(
+        _plain_file(tmp, v), tmp / "o", scheme="int", part="3/2")),
+    U("SPLIT_PART_INVALID", "merge-without-parts", lambda tmp, v: __import__("qformat.checkpoint.split", fromlist=["merge"]).merge(tmp / "o")),
     U("DEPENDENCY_MISSING", "plot-without-matplotlib", _plot_without_matplotlib),
     U("CONVERT_FORMAT_UNKNOWN", "plain-safetensors", _convert(_plain_file)),
     U("CONVERT_FORMAT_UNKNOWN", "unknown-from", _convert(lambda tmp, v: v, from_format="no-such-format")),

@@ -212,6 +212,19 @@ def test_cli_on_urls_no_traceback(folder):
         assert "Traceback" not in r.stderr + r.stdout
 
 
+
+def test_cli_fetch_note_counts_each_command_alone(folder, capsys):
+    """In one process, a command on a local file after one on a URL says nothing about fetching
+    (the note is the command's own fetches, not the process's running total)."""
+    from qformat.cli import main
+
+    remote.forget_opened()
+    with serve_ranges(folder) as url:
+        assert main(["inspect", url + "m.safetensors"]) == 0
+    assert "fetched" in capsys.readouterr().err
+    assert main(["inspect", str(folder / "m.safetensors")]) == 0
+    assert capsys.readouterr().err == ""
+
 # -- fault modes ------------------------------------------------------------------------------
 def _read_all(url: str) -> dict[str, np.ndarray]:
     with qformat.safe_open(url) as f:

@@ -45,6 +45,8 @@ class QuantizeSummary:
     recipe: dict[str, Any] = field(default_factory=dict)
     #: Warnings, each ``{"code", "message", "tensors", "targets"}`` (``QUANTIZE_PARTIAL_GROUPS``).
     warnings: list[dict[str, Any]] = field(default_factory=list)
+    #: A split run (``part`` / ``workers``): each part's folder, files, bytes, wall and CPU seconds.
+    parts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def quantized_tensors(self) -> int:
@@ -53,7 +55,7 @@ class QuantizeSummary:
     def to_dict(self) -> dict[str, Any]:
         return {"files": self.files, "quantized": self.quantized, "quantized_tensors": self.quantized_tensors,
                 "kept": self.kept, "bytes": self.bytes, "source_bytes": self.source_bytes, "recipe": self.recipe,
-                "warnings": self.warnings}
+                "warnings": self.warnings, **({"parts": self.parts} if self.parts else {})}
 
     def lines(self) -> list[str]:
         """The human summary: one line per scheme, one for the kept tensors, one total."""
@@ -263,7 +265,7 @@ def partial_group_warnings(decisions: list[Decision], infos: Mapping[str, Any]) 
 def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str], scheme: str | None = None, recipe: Any = None, *,
                         max_shard_size: int | str | None = None, overwrite: bool = False, progress: TextIO | None = None,
                         notice: Callable[[str], None] | None = None, strict: bool = False, preset: str | None = None,
-                        imatrix: Any = None, **params: Any) -> QuantizeSummary:
+                        imatrix: Any = None, part: Any = None, workers: int | None = None, **params: Any) -> QuantizeSummary:
     """Quantize the plain checkpoint ``src`` into a qformat checkpoint at ``dst``.
 
     ``src``: a folder (config.json with model.safetensors or a sharded index), a .safetensors
@@ -288,8 +290,20 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     A group or block size that leaves partial groups is a ``QUANTIZE_PARTIAL_GROUPS`` warning
     (in ``summary.warnings`` and through ``notice``, naming the export targets that refuse such
     tensors); with ``strict`` it is that error and nothing is written.
+
+    ``part`` ("K/N") writes only part K of N of the output's shards into ``DST.parts/`` for a
+    later :func:`qformat.checkpoint.split.merge`; ``workers`` (N) runs N such parts as N
+    processes and merges them: the same files as one process writes
+    (:mod:`qformat.checkpoint.split`).
     """
     from ..convert.writer import verify_output
+
+    if part is not None or workers is not None:
+        from . import split
+
+        kwargs = dict(src=src, dst=dst, scheme=scheme, recipe=recipe, max_shard_size=max_shard_size, overwrite=overwrite,
+                      progress=progress, notice=notice, strict=strict, preset=preset, imatrix=imatrix, **params)
+        return split.run(quantize_checkpoint, kwargs, command="quantize", part=part, workers=workers, notice=notice)
 
     ck = open_plain_source(src)
     im = _load_imatrix(imatrix)

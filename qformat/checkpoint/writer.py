@@ -46,6 +46,8 @@ MARKER = ".qformat-writer.json"
 DESTINATION_CODES = {"convert": "CONVERT_DESTINATION_INVALID", "quantize": "QUANTIZE_DESTINATION_INVALID",
                      "dequantize": "DEQUANTIZE_DESTINATION_INVALID", "export": "EXPORT_DESTINATION_INVALID"}
 _COMMAND: contextvars.ContextVar[str] = contextvars.ContextVar("qformat_writing_command", default="convert")
+#: The part of a split run being written (:mod:`qformat.checkpoint.split`), None for a whole write.
+_PART: contextvars.ContextVar[Any] = contextvars.ContextVar("qformat_writing_part", default=None)
 
 
 @contextlib.contextmanager
@@ -189,6 +191,10 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
     """
     dst = os.path.abspath(os.fspath(dst))
     files = list(files)
+    part = _PART.get()
+    if part is not None:  # one part of a split run (qformat.checkpoint.split): its share, into the staging folder
+        return part.write(dst, files, as_folder=as_folder, overwrite=overwrite, side_files=side_files, index=index,
+                          verify=verify, written=written, file_done=file_done, extra_files=extra_files, notice=notice)
     check_destination(dst, as_folder, overwrite)
     if not as_folder and len(files) != 1:
         raise destination_error(f"a single-file destination needs exactly one file, the plan has {len(files)}")
@@ -196,14 +202,34 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
     parent = os.path.dirname(dst)
     clean_stale(parent, notice)
     tmp = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=parent)
-    # Each file is flushed to the device by a background thread while the next is written (the
-    # device's write-back then overlaps the work); all are durable before anything is renamed.
+    try:
+        _mark(tmp, dst)
+        write_files(tmp, files, plans, verify=verify, written=written, file_done=file_done)
+        os.unlink(os.path.join(tmp, MARKER))
+        if not as_folder:
+            os.replace(os.path.join(tmp, files[0].name), dst)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return [dst]
+        os.chmod(tmp, default_mode(folder=True))  # mkdtemp made it 0700
+        write_tree(tmp, files, plans, side_files=side_files, index=index, extra_files=extra_files)
+        replace_folder(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [os.path.join(dst, f.name) for f in files]
+
+
+def write_files(folder: str, files: Iterable[OutFile], plans: Iterable[FilePlan], *, verify: Callable[[str], None] | None = None,
+                written: Callable[[TensorSpec], None] | None = None, file_done: Callable[[str, int], None] | None = None) -> None:
+    """Write each planned file into ``folder`` (the streaming loop every command shares: tensor
+    bodies produced one at a time, in header order), each flushed to the device by a background
+    thread while the next is written (the device's write-back then overlaps the work), all
+    durable when this returns.  ``verify(path)`` runs on each file once written."""
     syncer = ThreadPoolExecutor(1, thread_name_prefix="qformat-fsync")
     pending: list[Future[None]] = []
     try:
-        _mark(tmp, dst)
         for f, plan in zip(files, plans):
-            path = os.path.join(tmp, f.name)
+            path = os.path.join(folder, f.name)
             producers = {t.spec.name: t.produce for t in f.tensors}
             if f.groups:
                 write_grouped(path, plan, producers, f.groups, written, sync=False)
@@ -218,37 +244,41 @@ def write_checkpoint(dst: str | os.PathLike[str], files: Iterable[OutFile], *, a
                 file_done(f.name, plan.data_bytes)
         for fut in pending:
             fut.result()  # an fsync error is the write's error
-        os.unlink(os.path.join(tmp, MARKER))
-        if not as_folder:
-            os.replace(os.path.join(tmp, files[0].name), dst)
-            shutil.rmtree(tmp, ignore_errors=True)
-            return [dst]
-        os.chmod(tmp, default_mode(folder=True))  # mkdtemp made it 0700
-        produced = {f.name for f in files} | set(extra_files or {}) | ({index.name} if index is not None else set())
-        copy_side_files(tmp, side_files, skip=produced)
-        for n, data in (extra_files or {}).items():
-            with open(os.path.join(tmp, n), "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-        if index is not None:
-            _write_index(os.path.join(tmp, index.name), files, plans, index)
-        if os.path.exists(dst):
-            old = tempfile.mkdtemp(prefix=".qformat-old-", dir=parent)
-            os.rmdir(old)
-            os.replace(dst, old)
-            os.replace(tmp, dst)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dst)
     except BaseException:
         for fut in pending:
             fut.cancel()
-        syncer.shutdown(wait=True)  # no fsync may still hold a file of the folder removed next
-        shutil.rmtree(tmp, ignore_errors=True)
+        syncer.shutdown(wait=True)  # no fsync may still hold a file of the folder the caller removes next
         raise
     syncer.shutdown(wait=False)
-    return [os.path.join(dst, f.name) for f in files]
+
+
+def write_tree(folder: str, files: list[OutFile], plans: list[FilePlan], *, side_files: Iterable[SideFile | str] = (),
+               index: IndexSpec | None = None, extra_files: Mapping[str, bytes] | None = None) -> None:
+    """What an output folder holds besides its tensor files: the side files, ``extra_files``
+    (each synced) and the index over ``files``, written last."""
+    produced = {f.name for f in files} | set(extra_files or {}) | ({index.name} if index is not None else set())
+    copy_side_files(folder, side_files, skip=produced)
+    for n, data in (extra_files or {}).items():
+        with open(os.path.join(folder, n), "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    if index is not None:
+        with atomic_write(os.path.join(folder, index.name), "wb") as fh:
+            fh.write(index_bytes(files, plans, index))
+
+
+def replace_folder(tmp: str, dst: str) -> None:
+    """Move the finished folder ``tmp`` to ``dst`` in one rename; an existing ``dst`` is moved
+    aside first and removed after."""
+    if os.path.exists(dst):
+        old = tempfile.mkdtemp(prefix=".qformat-old-", dir=os.path.dirname(dst))
+        os.rmdir(old)
+        os.replace(dst, old)
+        os.replace(tmp, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, dst)
 
 
 def _admitting(admits: Mapping[str, Callable[[], None]], written: Callable[[TensorSpec], None] | None) -> Callable[[TensorSpec], None] | None:
@@ -392,7 +422,9 @@ def write_planned(path: str, plan: FilePlan, produce: Callable[[TensorSpec], np.
     container.write_planned(path, plan, produce, written, copy_from, sync)
 
 
-def _write_index(path: str, files: list[OutFile], plans: list[FilePlan], spec: IndexSpec) -> None:
+def index_bytes(files: list[OutFile], plans: list[FilePlan], spec: IndexSpec) -> bytes:
+    """The index's bytes: ``spec``'s members, ``metadata.total_size`` and a ``weight_map`` of
+    every stored and logical tensor name of ``files`` (the same bytes for the same plan)."""
     weight_map: dict[str, str] = {}
     for f in files:
         for t in f.tensors:
@@ -404,9 +436,7 @@ def _write_index(path: str, files: list[OutFile], plans: list[FilePlan], spec: I
     md["total_size"] = sum(p.data_bytes for p in plans)
     idx["metadata"] = md
     idx["weight_map"] = dict(sorted(weight_map.items()))
-    with atomic_write(path, "w", encoding="utf-8") as fh:
-        json.dump(idx, fh, indent=2, ensure_ascii=False)
-        fh.write("\n")
+    return (json.dumps(idx, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def arrays_file(name: str, arrays: Mapping[str, np.ndarray], metadata: dict[str, str] | None) -> OutFile:

@@ -63,6 +63,8 @@ class Summary:
     logical: int = 0
     stored: int = 0
     bytes: int = 0
+    #: A split run (:mod:`qformat.checkpoint.split`): each part's folder, files, bytes, wall and CPU seconds.
+    parts: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Progress:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Mapping
@@ -11,6 +12,7 @@ import numpy as np
 
 import qformat
 from qformat.descriptor import Descriptor
+from qformat.dtypes import logical_numpy
 from qformat.errors import error, raise_first
 from qformat.index import is_index
 from qformat.remote_slicing import remote_slice
@@ -18,7 +20,7 @@ from qformat.io import parse_index
 from qformat.slicing import RecordingSource, aligned_region, describe_alignment, is_aligned, slice_qtensor
 
 from .decode import descriptor_json, jitted
-from ._qarray import QArray, ShardInfo, raise_if_bad, host_components, lead_axes_of
+from ._qarray import QArray, ShardInfo, group_index_params, raise_if_bad, host_components, lead_axes_of
 
 ShardingSpec = Any  # a jax.sharding.Sharding, a mapping name -> Sharding, or a callable
 
@@ -116,9 +118,35 @@ def _region_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[
     return parse_index(shape, tuple(index))[0]
 
 
+def _holds_part(shard: Any) -> bool:
+    """Whether this process holds any part of a tensor placed with ``shard`` (None: all of it).
+
+    Under JAX's multi-controller runtime a sharding may span other processes' devices only
+    (a pipeline stage, a sub-mesh); such a process builds the global array without reading
+    any of the tensor's bytes."""
+    return shard is None or bool(shard.addressable_devices)
+
+
+def _descriptor(f: qformat.io.SafeOpen, name: str, reads: bool) -> Descriptor:
+    """The validated descriptor; its digests (``verify``) are checked only when the tensor's
+    bytes will be read here: a process that holds no part of a tensor reads none of them."""
+    if reads:
+        return f.validated_descriptor(name)
+    f.require(name)
+    raise_first(f.model.tensor_problems.get(name, []))
+    return f.model.descriptors[name]
+
+
+def _global_dtype(dtype: Any) -> np.dtype:
+    """The dtype JAX gives an array of ``dtype`` (what a process with no shard must declare)."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+
+
 def _load_logical(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any, packed: bool, exact: bool,
                   read_log: list | None, decoder: str = "auto") -> Any:
-    desc = f.validated_descriptor(name)
+    desc = _descriptor(f, name, _holds_part(shard))
+    if shard is None and read_log is not None:
+        read_log.append({"tensor": name, "device": device, "region": None, "aligned": None, "reads": _whole_reads(f, desc)})
     if shard is None and not packed and host_decodes(device, decoder):
         return _host_decode(desc, f.source, device, tensor=name)
     if shard is None:
@@ -130,9 +158,11 @@ def _load_logical(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any, pa
         raise_if_bad(ok, name)
         return out
     if packed:
-        return _load_packed_sharded(f, name, desc, shard)
+        return _load_packed_sharded(f, name, desc, shard, read_log)
     shape = desc.shape
     pending: dict[tuple, list] = {}
+    # Only this process's devices: under the multi-controller runtime each process calls this
+    # with the same global sharding, and make_array_from_callback asks each for its own shards.
     for dev, idx in shard.addressable_devices_indices_map(shape).items():
         pending.setdefault(_region_of(idx, shape), []).append(dev)
 
@@ -142,7 +172,17 @@ def _load_logical(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any, pa
         dev = devs.pop(0) if devs else None  # callbacks come in the map's device order
         return load_region(f, name, region, device=dev, exact=exact, read_log=read_log, decoder=decoder, _desc=desc)
 
+    if not pending:
+        return _no_local_part(shape, shard, logical_numpy(desc.dtype))
     return jax.make_array_from_callback(shape, shard, cb)
+
+
+def _no_local_part(shape: tuple[int, ...], shard: Any, dtype: Any) -> jax.Array:
+    """The global array of a tensor none of whose shards this process addresses, built from
+    shape and dtype alone.  Not make_array_from_callback: for a fully replicated sharding (a
+    sub-mesh of one device, say) it calls the callback once even with no addressable device,
+    which would read and decode the whole tensor for nothing."""
+    return jax.make_array_from_single_device_arrays(shape, shard, [], dtype=_global_dtype(dtype))
 
 
 def load_region(f: qformat.io.SafeOpen, name: str, region: Any, device: Any = None, exact: bool = True,
@@ -179,11 +219,17 @@ def load_region(f: qformat.io.SafeOpen, name: str, region: Any, device: Any = No
     return out
 
 
-def _load_packed_sharded(f: qformat.io.SafeOpen, name: str, desc: Descriptor, shard: Any) -> QArray:
+def _load_packed_sharded(f: qformat.io.SafeOpen, name: str, desc: Descriptor, shard: Any,
+                         read_log: list | None = None) -> QArray:
     """A QArray whose components are sharded: each device holds only its block, still packed.
 
     Needs a NamedSharding whose per-device boxes are block-aligned and all cut to the same
-    local descriptor (evenly divided, aligned shards); else SLICE_INVALID.
+    local descriptor (evenly divided, aligned shards); else SLICE_INVALID.  Both are decided
+    from the whole sharding (every device of the mesh, from shapes alone) before any byte of
+    the tensor is read, so under JAX's multi-controller runtime every process refuses the same
+    tensor (none is left waiting for the others in a collective) and a process reads only the
+    blocks of its addressable devices.  With ``read_log``, one record per addressable device is
+    appended, as :func:`load_region` appends (``aligned`` equals ``region`` here).
     """
     if not isinstance(shard, jax.sharding.NamedSharding):
         raise error("SLICE_INVALID", f"packed sharded loading needs a NamedSharding, found {type(shard).__name__}", tensor=name)
@@ -191,40 +237,106 @@ def _load_packed_sharded(f: qformat.io.SafeOpen, name: str, desc: Descriptor, sh
     spec = tuple(shard.spec) + (None,) * (len(shape) - len(shard.spec))
     lead_axes = lead_axes_of(spec)
     mesh = shard.mesh
-    local_jsons: set[str] = set()
-    per_device: dict[Any, dict[str, np.ndarray]] = {}
-    for dev, idx in shard.addressable_devices_indices_map(shape).items():
-        region = _region_of(idx, shape)
+    regions = {dev: _region_of(idx, shape) for dev, idx in shard.devices_indices_map(shape).items()}
+    for dev in sorted(regions, key=lambda d: d.id):
+        region = regions[dev]
         if not is_aligned(desc, region):
-            raise error("SLICE_INVALID", f"device {dev.id}'s box {list(region)} is not block-aligned, so it cannot stay packed: "
-                        + describe_alignment(desc, region) + "; load it decoded (packed=False) or choose a sharding on aligned bounds", tensor=name)
-        sub, comps = slice_qtensor(desc, f.source, region)
-        local_jsons.add(descriptor_json(sub))
-        if len(local_jsons) > 1:
-            raise error("SLICE_INVALID", "the devices' boxes cut to different local descriptors (uneven shards); load it decoded (packed=False)", tensor=name)
-        per_device[dev] = host_components(Descriptor.from_dict(sub), comps, name)
-    if not per_device:
-        raise error("SLICE_INVALID", "the sharding has no device addressable from this process to hold the packed blocks", tensor=name)
-    (local_json,) = local_jsons
+            raise error("SLICE_INVALID", f"device {dev.id} (process {dev.process_index})'s box {list(region)} is not block-aligned, "
+                        "so it cannot stay packed: " + describe_alignment(desc, region)
+                        + "; load it decoded (packed=False) or choose a sharding on aligned bounds", tensor=name)
+    # The local descriptor of every distinct box: slice_qtensor returns views of the memory
+    # map, so this reads no component bytes (a group index's sub-range excepted); for an
+    # http(s) file, deferred() keeps them views of the unfetched mirror (nothing is fetched).
+    local: dict[tuple, tuple[str, dict[str, np.ndarray]]] = {}
+    deferred = getattr(f.source, "deferred", None)
+    with deferred() if deferred is not None else contextlib.nullcontext():
+        for region in sorted(set(regions.values())):
+            sub, comps = slice_qtensor(desc, f.source, region)
+            local[region] = (descriptor_json(sub), comps)
+    if len({j for j, _ in local.values()}) > 1:
+        raise error("SLICE_INVALID", "the devices' boxes cut to different local descriptors (uneven shards); load it decoded (packed=False)", tensor=name)
+    local_json, any_comps = next(iter(local.values()))
+    local_desc = Descriptor.from_dict(json.loads(local_json))
+    per_device: dict[Any, dict[str, np.ndarray]] = {}
+    for dev in shard.addressable_devices_indices_map(shape):
+        region = regions[dev]
+        src = RecordingSource(f.source) if read_log is not None else f.source
+        _, comps = slice_qtensor(desc, src, region)
+        per_device[dev] = host_components(local_desc, comps, name)
+        if read_log is not None:
+            read_log.append({"tensor": name, "device": dev, "region": region, "aligned": region, "reads": list(src.reads)})
+    # Each leaf's per-block shape and dtype, from the local descriptor (group indices become
+    # int32 in host_components); a process with no addressable device declares them.
+    gidx = group_index_params(local_desc)
+    avals = {n: (tuple(a.shape), _global_dtype(np.int32 if n in gidx else a.dtype)) for n, a in any_comps.items()}
     lead_shape = tuple(mesh.shape[a] for a in lead_axes)
     comp_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*lead_axes))
-    names = sorted(next(iter(per_device.values())))
     leaves = {}
-    for n in names:
-        local_shape = next(iter(per_device.values()))[n].shape
+    for n in sorted(avals):
+        local_shape, dtype = avals[n]
         arrays = [jax.device_put(np.ascontiguousarray(c[n]).reshape((1,) * len(lead_axes) + local_shape), dev) for dev, c in per_device.items()]
-        leaves[n] = jax.make_array_from_single_device_arrays(lead_shape + local_shape, comp_sharding, arrays)
+        leaves[n] = jax.make_array_from_single_device_arrays(lead_shape + local_shape, comp_sharding, arrays,
+                                                             dtype=None if arrays else dtype)
     q = QArray(json.loads(local_json), leaves, ShardInfo(shape, mesh, jax.sharding.PartitionSpec(*spec), lead_axes))
-    return q.check() if _has_table(desc) else q
+    # The codebook check decodes on the sharding's devices; a process with none of them takes
+    # no part in that computation (the processes holding the blocks check them).
+    return q.check() if _has_table(desc) and per_device else q
 
 
-def _load_plain(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any) -> Any:
+def _load_plain(f: qformat.io.SafeOpen, name: str, shard: Any, device: Any, read_log: list | None = None) -> Any:
+    from qformat.sources import plain_reading, plain_shape
+
+    if not _holds_part(shard):  # shape and dtype alone: no byte of it (nor its digest) is read here
+        f.require(name)
+        raise_first(f.model.tensor_problems.get(name, []))
+        e = f.header.entries[name]
+        dt = plain_reading(e.dtype)[0]
+        if _jax_holds(dt):
+            return _no_local_part(plain_shape(e.dtype, e.shape), shard, dt)
     arr = f.plain_array(name)
-    if not _jax_holds(arr.dtype):
-        return np.array(arr)  # a 64-bit plain tensor without jax_enable_x64: kept exact, in NumPy
-    if shard is None:
+    if not _jax_holds(arr.dtype) or shard is None:
+        if read_log is not None:
+            read_log.append({"tensor": name, "device": device, "region": None, "aligned": None, "reads": _plain_reads(f, name, arr, None)})
+        if not _jax_holds(arr.dtype):
+            return np.array(arr)  # a 64-bit plain tensor without jax_enable_x64: kept exact, in NumPy
         return jax.device_put(np.array(arr), device)
-    return jax.make_array_from_callback(arr.shape, shard, lambda idx: np.array(arr[idx]))
+    pending: dict[tuple, list] = {}
+    for dev, idx in shard.addressable_devices_indices_map(arr.shape).items():
+        pending.setdefault(_region_of(idx, arr.shape), []).append(dev)
+
+    def cb(idx: tuple[slice, ...]) -> np.ndarray:
+        if read_log is not None:
+            region = _region_of(idx, arr.shape)
+            devs = pending.get(region)
+            read_log.append({"tensor": name, "device": devs.pop(0) if devs else None, "region": region, "aligned": region,
+                             "reads": _plain_reads(f, name, arr, idx)})
+        return np.array(arr[idx])
+
+    return jax.make_array_from_callback(arr.shape, shard, cb)
+
+
+def _plain_reads(f: qformat.io.SafeOpen, name: str, arr: np.ndarray, idx: Any) -> list:
+    """The file byte ranges (qformat.slicing.Read) that reading ``arr[idx]`` (``None``: all of
+    it) of a plain tensor touches; one not viewed in place (F4, F6_*) is read whole to unpack."""
+    from qformat.sources import plain_reading
+    from qformat.slicing import Read
+
+    rec = RecordingSource(f.source)
+    e = f.header.entries[name]
+    if idx is None or plain_reading(e.dtype)[1] != "view":
+        return [Read(name, rec.component_offset(name), e.nbytes)] if e.nbytes else []
+    rec.take(name, arr, arr[tuple(idx)])
+    return rec.reads
+
+
+def _whole_reads(f: qformat.io.SafeOpen, desc: Descriptor) -> list:
+    """Every stored byte of a quantized tensor's components (qformat.slicing.Read), for
+    ``read_log`` where a tensor is loaded whole."""
+    from qformat.slicing import Read
+
+    rec = RecordingSource(f.source)
+    ents = f.header.entries
+    return [Read(c, rec.component_offset(c), ents[c].nbytes) for c in sorted({c for _, c in desc.references()}) if ents[c].nbytes]
 
 
 def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, packed: bool = False,
@@ -248,6 +360,17 @@ def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, pa
       from the memory map, decodes on that device and cuts its exact index.
     * Plain tensors are returned as stored; 64-bit ones stay NumPy arrays unless
       ``jax_enable_x64`` is on (JAX would otherwise narrow them).
+    * Under JAX's multi-controller runtime (``jax.distributed.initialize``, one process per
+      host), every process calls this with the same arguments and a sharding over the global
+      mesh; each gets the same global arrays and reads and decodes only the block-aligned boxes
+      of its own (addressable) devices.  A tensor whose sharding has no device in this process
+      (a sub-mesh of other hosts) is built from its shape and dtype alone: none of its bytes are
+      read, nor its digests checked (``verify``), here.  Every header and the index are read by
+      every process.  ``packed=True`` decides alignment from every device of the mesh, so all
+      processes refuse (SLICE_INVALID) or accept the same tensors.
+    * ``read_log`` (a list): one record per read is appended (tensor, device, box, aligned box,
+      the file byte ranges: :class:`qformat.slicing.Read`), for sharded boxes, for packed blocks
+      and for tensors loaded whole.
 
     A sharded checkpoint's ``*.safetensors.index.json`` loads every shard (:func:`load_checkpoint`).
     Errors are :class:`qformat.QFormatError` with the core's codes, as for ``qformat.load_file``.
@@ -268,7 +391,7 @@ def load_file(path: str | os.PathLike[str], sharding: ShardingSpec = None, *, pa
             if f.is_quantized(name):
                 out[name] = _load_logical(f, name, shard, device, packed, exact, read_log, decoder)
             else:
-                out[name] = _load_plain(f, name, shard, device)
+                out[name] = _load_plain(f, name, shard, device, read_log)
         return out
 
 

@@ -3,7 +3,8 @@
 Importing transformers' quantizer registry (which qformat.transformers extends, and which
 ``from_pretrained`` of any model reaches) imports every quantizer's backend that is installed: torchao logs a "Failed to load" line per optional CUDA
 extension it cannot load on this machine, torch's pytree logs a deprecation line per Enum that
-torchao registers, and bitsandbytes logs that the optional ``kernels`` package is missing.
+torchao registers, and bitsandbytes logs that the optional ``kernels`` package is missing (or, where ``kernels``
+is installed and the hub is offline, ``kernels`` logs that it skips its publisher check).
 None of it concerns qformat, and none of it is an error.  Each is dropped by a filter on the
 logger that emits it, matching that message only: every other record of those loggers, and
 every Python warning, is shown as before.
@@ -24,6 +25,9 @@ KNOWN_NOISE: dict[str, tuple[str, ...]] = {
     "torchao": ("Failed to load ",),
     "torch.utils._pytree": ("is an Enum subclass and is now natively supported by torch.compile",),
     "bitsandbytes.backends.cpu.ops": ("from kernels-community",),
+    # transformers >= 5.2x requires ``kernels``; bitsandbytes then asks it for its CPU kernel
+    # repository, which under HF_HUB_OFFLINE logs that the publisher check is skipped.
+    "kernels._internals.hf_hub": ("Skipping publisher trust check for 'kernels-community/",),
 }
 
 

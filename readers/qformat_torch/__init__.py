@@ -8,6 +8,9 @@
   :func:`quantize_model`, :func:`save_model`, :func:`load_model`: models whose Linear weights
   stay packed and dequantize on use;
 * :func:`shard_bounds`: tensor-parallel bounds, block-aligned where the descriptor allows;
+* :func:`load_tensor_parallel` (:mod:`qformat_torch.distributed`): a torch.distributed
+  tensor-parallel load, each rank reading only its block-aligned slice of the packed weights
+  into :class:`ColwiseQLinear` / :class:`RowwiseQLinear`;
 * interop with bitsandbytes (:mod:`qformat_torch.interop_bnb`) and torchao
   (:mod:`qformat_torch.interop_torchao`), imported on first use;
 * :func:`conformance_reader`: the conformance runner's in-process protocol;
@@ -25,6 +28,7 @@ from .io import SafeOpen, conformance_reader, load_checkpoint, load_file, safe_o
 from .nn import QLinear, load_model, quantize_model, save_model
 from .qtensor import TorchQTensor
 from .slicing import shard_bounds, shard_period
+from .distributed import ColwiseQLinear, RowwiseQLinear, TPStats, load_tensor_parallel
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
@@ -37,6 +41,6 @@ def __getattr__(name: str):  # type: ignore[no-untyped-def]
 
 
 __all__ = [
-    "QLinear", "SafeOpen", "TorchQTensor", "conformance_reader", "load_checkpoint", "load_file",
+    "ColwiseQLinear", "QLinear", "RowwiseQLinear", "SafeOpen", "TPStats", "load_tensor_parallel", "TorchQTensor", "conformance_reader", "load_checkpoint", "load_file",
     "load_model", "quantize_model", "safe_open", "save_file", "save_model", "shard_bounds", "shard_period",
 ]

@@ -87,6 +87,21 @@ def saved_mlp(tmp_path):
     return path
 
 
+@pytest.mark.parametrize("into_quantized", [False, True])
+def test_load_model_selects_each_new_kernel_once(saved_mlp, monkeypatch, into_quantized):
+    """Each QLinear load_model builds picks (and repacks) its kernel path once: loading the plain
+    tensors after building them would run every QLinear's post-load hook, a second repack."""
+    target = qt.quantize_model(mlp(), "int", bits=8, group_size=None) if into_quantized else mlp()
+    calls: list[int] = []
+    real = qt.QLinear._select_kernel
+    monkeypatch.setattr(qt.QLinear, "_select_kernel", lambda self: (calls.append(id(self)), real(self))[1])
+    fresh = qt.load_model(target, saved_mlp)
+    new = [id(m) for m in fresh.modules() if isinstance(m, qt.QLinear)]
+    assert len(new) == 2 and sorted(c for c in calls if c in new) == sorted(new)
+    x = torch.randn(3, 64)
+    assert torch.equal(fresh(x), qt.load_model(mlp(), saved_mlp)(x))
+    assert fresh[0].bias is not None and torch.equal(fresh[0].bias, mlp()[0].bias)
+
 @pytest.mark.parametrize("case", ["extra-layer", "fewer-layers", "renamed"])
 def test_load_model_strict_names_both_sides_and_touches_nothing(saved_mlp, case):
     def make() -> nn.Module:
