@@ -4,7 +4,8 @@ against ``np.copyto`` of the output and against the NumPy reference decoder, 1 a
 Imports only :mod:`bench.common` in bench/ (no import cycle).  Every scheme's native output is
 checked bit for bit against the NumPy path before it is timed.  Targets (issue 23 item 2):
 int4 g32 and nf4 decode to float32 at >= 0.8x memcpy and >= 4x the NumPy decoder, on 1 and
-2 threads.
+2 threads.  The output is allocated as ``decode()`` allocates its own
+(:func:`qformat.kernels.aligned_empty`: 64-byte aligned from 16 MiB, where the kernel streams it).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def bench_kernels(run: Run, rows: int, cols: int) -> None:
     for kind in kinds:
         for dtype in ("float32", "bfloat16", "float16") if kind in TARGET_KINDS else ("float32",):
             desc, src = case(kind, rows, cols, rng, dtype)
-            out = np.empty((rows, cols), logical_numpy(dtype))
+            out = kernels.aligned_empty((rows, cols), logical_numpy(dtype))  # as decode() allocates its output
             nbytes = out.nbytes
             with kernels.use("numpy"):
                 ref = decode(desc, src, threads=1)

@@ -234,11 +234,12 @@ def _native_param(prm: Param, desc: Descriptor, src: Source, region: Region, rea
 
 
 def _native_region(desc: Descriptor, src: Source, region: Region, out: np.ndarray, tensor: str | None,
-                   element: tuple[np.ndarray, int] | None = None) -> None:
+                   element: tuple[np.ndarray, int] | None = None, stream: bool = False) -> None:
     """Decode ``region`` (rank >= 1) straight into ``out`` (C-contiguous, the logical dtype)
     with one call of the native kernel: the same binary32 steps as :func:`decode_region` and
     :func:`round_to_logical`, fused.  ``element``: :func:`qformat.regions.element_table`'s
-    result when the caller has it (one per decode, not one per chunk)."""
+    result when the caller has it (one per decode, not one per chunk).  ``stream``: write a
+    float32 output with non-temporal stores where the kernel can (:data:`qformat.kernels.STREAM_FROM_BYTES`)."""
     table, valid = element_table(desc, src) if element is None else element
     codes, stride, n, bt, span = _native_codes(desc, src, region, table, valid, tensor)
     read_index = source_index_reader(src)
@@ -246,7 +247,7 @@ def _native_region(desc: Descriptor, src: Source, region: Region, out: np.ndarra
     shape = region_shape(region)
     kind = _kernels.OUT_KINDS[desc.dtype]
     flat = out.reshape(-1).view(np.float32 if kind == 0 else np.uint16)
-    _kernels.fused(codes, stride, math.prod(shape[:-1]), shape[-1], n, bt, params, flat, kind, span)
+    _kernels.fused(codes, stride, math.prod(shape[:-1]), shape[-1], n, bt, params, flat, kind, span, stream)
 
 
 def _to_bfloat16_bits(x: np.ndarray, dst: np.ndarray) -> None:
@@ -298,7 +299,7 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
     out_shape = region_shape(region)
     dt = _dt.logical_numpy(desc.dtype)
     if out is None:
-        out = np.empty(out_shape, dt)
+        out = _kernels.aligned_empty(out_shape, dt)
     elif out.shape != out_shape or out.dtype != dt or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous {dt} array of shape {out_shape}, found {out.dtype} {out.shape}")
     if out.size == 0:
@@ -311,11 +312,12 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
     element = element_table(desc, src) if native else None
     step = chunk_rows(desc, region, NATIVE_CHUNK_ELEMENTS if native else CHUNK_ELEMENTS)
     direct = desc.dtype == "float32"
+    stream = direct and out.nbytes >= _kernels.STREAM_FROM_BYTES  # too large to stay in cache for its reader
 
     def run(sub: Region) -> None:
         dst = out[sub[0][0] - lo0 : sub[0][1] - lo0]
         if native:
-            _native_region(desc, src, sub, dst, tensor, element)
+            _native_region(desc, src, sub, dst, tensor, element, stream)
         elif direct:  # binary32 values are the logical values: decode straight into ``out``
             decode_region(desc, src, sub, tensor=tensor, out=dst)
         else:

@@ -197,6 +197,39 @@ def test_native_decode_of_large_tensor_is_chunked_and_threaded():
     assert _same(decode(desc, src, threads=2), want)
 
 
+@native
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("scheme", ["int4 g32 lsb", "nf4 b64 msb"])
+def test_streamed_float32_output_has_the_reference_bits(level, scheme):
+    """A float32 output of at least STREAM_FROM_BYTES is written with non-temporal stores
+    (64-byte-aligned lines, the nibble rows): the same bits as the NumPy path, in decode()'s own
+    aligned output, in a caller's output that is not 64-byte aligned, and at 1 and 2 threads."""
+    rng = np.random.default_rng(5)
+    rows, cols = 1056, 4096  # 17.3 MB of float32; 1056 rows: the chunks do not divide evenly
+    assert rows * cols * 4 >= kernels.STREAM_FROM_BYTES
+    codes = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+    if scheme.startswith("int4"):
+        el, g = {"type": "int", "bits": 4, "signedness": "twos_complement"}, 32
+        pk = _pk()
+    else:
+        el, g = {"type": "codebook", "bits": 4, "table": "nf4"}, 64
+        pk = _pk(bit_order="msb_first")
+    scale = _special_f32(rng, rows * cols // g).reshape(rows, cols // g)
+    d = {"shape": [rows, cols], "dtype": "float32", "codes": {"tensor": "c", "element": el, "packing": pk},
+         "scale": {"blocks": {"type": "grid", "size": [1, g]}, "op": "multiply", "tensor": "s"}}
+    desc = parse_descriptor("w", d)
+    src = ArraySource({"c": codes, "s": scale})
+    with kernels.use("numpy"):
+        want = decode(desc, src, threads=1)
+    with kernels.use(level):
+        for threads in (1, 2):
+            got = decode(desc, src, threads=threads)
+            assert got.ctypes.data % 64 == 0 and _same(got, want), (level, threads)
+            raw = np.empty(rows * cols * 4 + 64, np.uint8)
+            k = (-raw.ctypes.data % 64) + 4  # 4 bytes past a line boundary
+            out = raw[k : k + rows * cols * 4].view(np.float32).reshape(rows, cols)
+            assert decode(desc, src, out=out, threads=threads) is out and _same(out, want), (level, threads)
+
 def test_info_says_which_path_runs():
     i = kernels.info()
     assert set(i) == {"path", "level", "cpu_level", "built", "reason"}

@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 try:  # the extension is optional: no compiler at install time leaves the NumPy path
     from . import _native  # type: ignore[attr-defined]
 
@@ -36,6 +38,24 @@ OUT_KINDS = {"float32": 0, "float16": 1, "bfloat16": 2}
 LEVELS = ("generic", "avx2", "avx512")
 #: Values per tile in ``_native.c`` (TILE): a planes span the kernel reads must divide it.
 TILE = 1024
+
+#: A decode's float32 output from this size up is written with non-temporal stores (``stream``
+#: of :func:`fused`): it would not stay in cache for its reader anyway.
+STREAM_FROM_BYTES = 16 << 20
+
+
+def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """``np.empty(shape, dtype)``, on a 64-byte (cache line) boundary when it is at least
+    :data:`STREAM_FROM_BYTES`: a streamed decode writes whole lines there with non-temporal
+    stores.  A smaller array is a plain ``np.empty``."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if n < STREAM_FROM_BYTES:
+        return np.empty(shape, dt)
+    raw = np.empty(n + 64, np.uint8)
+    k = -raw.ctypes.data % 64
+    return raw[k : k + n].view(dt).reshape(shape)
+
 
 _enabled = False
 _reason = ""
@@ -99,16 +119,18 @@ def _restore(state: tuple[bool, str, str | None]) -> None:
 
 
 def fused(codes: Any, stride: int, rows: int, cols: int, n: int, byte_table: Any,
-          params: Sequence[tuple[Any, ...]], out: Any, out_kind: int, span: int = 0) -> None:
+          params: Sequence[tuple[Any, ...]], out: Any, out_kind: int, span: int = 0, stream: bool = False) -> None:
     """One call of the C kernel on ``rows`` x ``cols`` values (see ``_native.c``): ``codes``
     (bytes, ``n`` codes per byte, rows ``stride`` bytes apart), ``byte_table`` (float32
     ``[256, n]``), ``params`` in decode order as ``(op, mode, values, rowoff, colidx, a, b[, value format])``
     (format 0: binary32 values, 1: binary16, 2: bfloat16, as uint16 bits),
-    ``out`` (C-contiguous, ``out_kind``), ``span`` (0, or a planes span, SPEC.md 7.12).  Every size and parameter cell is range-checked in
-    C (ValueError) before any byte is read."""
+    ``out`` (C-contiguous, ``out_kind``), ``span`` (0, or a planes span, SPEC.md 7.12), ``stream``
+    (a float32 ``out`` too large to stay in cache: lines on a 64-byte boundary are written with
+    non-temporal stores where the kernel's nibble rows apply; the same bits).  Every size and
+    parameter cell is range-checked in C (ValueError) before any byte is read."""
     if _native is None:
         raise RuntimeError(f"the native extension is not built ({_IMPORT_ERROR})")
-    _native.decode(codes, stride, rows, cols, n, byte_table, params, out, out_kind, span)
+    _native.decode(codes, stride, rows, cols, n, byte_table, params, out, out_kind, span, stream)
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}

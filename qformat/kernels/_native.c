@@ -73,6 +73,11 @@ typedef struct {
     Py_ssize_t span; /* planes (SPEC.md 7.12): segments of span values, byte j holding j, m + j, ... */
     const float *bt;
     float lut16[16];
+    /* stream (the caller's choice, for a float32 output too large to stay in cache): the AVX2 and
+     * AVX-512 nibble rows write lines on a 64-byte boundary with non-temporal stores, so no line
+     * is read before it is overwritten (about twice the write rate where measured); the bits
+     * are those of ordinary stores, and an sfence ends the call */
+    int stream;
     qf_param p[3];
     char *out;
 } qf_job;
@@ -365,8 +370,13 @@ __attribute__((target("avx2,f16c"))) static void nib_row_avx2(const qf_job *j, P
                 }
         if (j->outkind == OUT_F32) {
             float *o = (float *)j->out + r * C + c;
-            _mm256_storeu_ps(o, v[0]);
-            _mm256_storeu_ps(o + 8, v[1]);
+            if (j->stream && !((uintptr_t)o & 63)) { /* a large output: whole lines, no read-for-ownership */
+                _mm256_stream_ps(o, v[0]);
+                _mm256_stream_ps(o + 8, v[1]);
+            } else {
+                _mm256_storeu_ps(o, v[0]);
+                _mm256_storeu_ps(o + 8, v[1]);
+            }
         } else if (j->outkind == OUT_F16) {
             uint16_t *o = (uint16_t *)j->out + r * C + c;
             _mm_storeu_si128((__m128i *)o, _mm256_cvtps_ph(v[0], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -386,6 +396,88 @@ __attribute__((target("avx2,f16c"))) static void nib_row_avx2(const qf_job *j, P
 }
 #endif
 
+#if QF_X86
+/* The same row at AVX-512: 16 bytes -> 32 values per step.  One vpermps holds the whole
+ * 16-entry table (no blend of two halves as at AVX2), and the two nibble streams are
+ * interleaved by one two-source permute each.  Taken where every parameter's cell changes only
+ * on multiples of 32 columns (int4 g32 and up, nf4's 64-blocks, per-row, per-tensor); other
+ * rows keep the AVX2 row.  The same binary32 operations in the same order: the same bits. */
+QF_INLINE int nib_row_ok512(const qf_job *j, const Py_ssize_t *next) {
+    int k;
+    if (j->C % 32) return 0;
+    for (k = 0; k < j->nparams; k++) {
+        const qf_param *p = &j->p[k];
+        if (p->mode == MODE_CONST) continue;
+        if (p->b % 32 || next[k] % 32) return 0;
+    }
+    return 1;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_row_avx512(const qf_job *j, Py_ssize_t r, int64_t *off,
+                                                                                           Py_ssize_t *next) {
+    const __m512 t16 = _mm512_loadu_ps(j->lut16);
+    const __m512i m15 = _mm512_set1_epi32(15);
+    const __m512i ilo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i ihi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), absm = _mm512_set1_epi32(0x7fffffff),
+                  inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x40);
+    const uint8_t *b = j->codes + r * j->stride;
+    const Py_ssize_t C = j->C;
+    const int np = j->nparams, lsb = j->nib == NIB_LSB;
+    __m512 kv[3];
+    Py_ssize_t c;
+    int k, q;
+    for (k = 0; k < np; k++) kv[k] = _mm512_set1_ps(pval(&j->p[k], off[k]));
+    for (c = 0; c < C; c += 32) {
+        __m512 v[2];
+        for (k = 0; k < np; k++)
+            if (c == next[k]) { /* BLOCK, FLAT: the next cell */
+                off[k] += 1;
+                next[k] += (Py_ssize_t)j->p[k].b;
+                kv[k] = _mm512_set1_ps(pval(&j->p[k], off[k]));
+            }
+        {
+            __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + c / 2)));
+            __m512 vl = _mm512_permutexvar_ps(_mm512_and_si512(w, m15), t16);
+            __m512 vh = _mm512_permutexvar_ps(_mm512_srli_epi32(w, 4), t16);
+            __m512 first = lsb ? vl : vh, second = lsb ? vh : vl;
+            v[0] = _mm512_permutex2var_ps(first, ilo, second);
+            v[1] = _mm512_permutex2var_ps(first, ihi, second);
+        }
+        for (k = 0; k < np; k++)
+            for (q = 0; q < 2; q++) switch (j->p[k].op) {
+                case OP_SUB: v[q] = _mm512_sub_ps(v[q], kv[k]); break;
+                case OP_MUL: v[q] = _mm512_mul_ps(v[q], kv[k]); break;
+                case OP_DIV: v[q] = _mm512_div_ps(v[q], kv[k]); break;
+                default: v[q] = _mm512_add_ps(v[q], kv[k]); break;
+                }
+        if (j->outkind == OUT_F32) {
+            float *o = (float *)j->out + r * C + c;
+            if (j->stream && !((uintptr_t)o & 63)) { /* a large output: no read-for-ownership of lines written whole */
+                _mm512_stream_ps(o, v[0]);
+                _mm512_stream_ps(o + 16, v[1]);
+            } else {
+                _mm512_storeu_ps(o, v[0]);
+                _mm512_storeu_ps(o + 16, v[1]);
+            }
+        } else if (j->outkind == OUT_F16) {
+            uint16_t *o = (uint16_t *)j->out + r * C + c;
+            _mm256_storeu_si256((__m256i *)o, _mm512_cvtps_ph(v[0], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            _mm256_storeu_si256((__m256i *)(o + 16), _mm512_cvtps_ph(v[1], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        } else { /* bfloat16: round to nearest even on the integer bits, NaN kept quiet (as cast_bf16_avx2) */
+            uint16_t *o = (uint16_t *)j->out + r * C + c;
+            for (q = 0; q < 2; q++) {
+                __m512i u = _mm512_castps_si512(v[q]);
+                __m512i rr = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), 16);
+                __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
+                __m512i h = _mm512_mask_blend_epi32(nan, rr, _mm512_or_si512(_mm512_srli_epi32(u, 16), quiet));
+                _mm256_storeu_si256((__m256i *)(o + 16 * q), _mm512_cvtepi32_epi16(h));
+            }
+        }
+    }
+}
+#endif
+
 QF_INLINE void rows_body(const qf_job *j, Py_ssize_t r0, Py_ssize_t r1, int lvl) {
     float buf[TILE];
     const Py_ssize_t C = j->C;
@@ -398,7 +490,10 @@ QF_INLINE void rows_body(const qf_job *j, Py_ssize_t r0, Py_ssize_t r1, int lvl)
         for (k = 0; k < j->nparams; k++) param_at(&j->p[k], r, 0, C, &off[k], &next[k]);
 #if QF_X86
         if (lvl >= LVL_AVX2 && nib_row_ok(j, next)) {
-            nib_row_avx2(j, r, off, next);
+            if (lvl >= LVL_AVX512 && nib_row_ok512(j, next))
+                nib_row_avx512(j, r, off, next);
+            else
+                nib_row_avx2(j, r, off, next);
             continue;
         }
 #endif
@@ -429,9 +524,13 @@ QF_INLINE void rows_body(const qf_job *j, Py_ssize_t r0, Py_ssize_t r1, int lvl)
 
 static void rows_generic(const qf_job *j) { rows_body(j, 0, j->R, LVL_GENERIC); }
 #if QF_X86
-__attribute__((target("avx2,f16c"))) static void rows_avx2(const qf_job *j) { rows_body(j, 0, j->R, LVL_AVX2); }
+__attribute__((target("avx2,f16c"))) static void rows_avx2(const qf_job *j) {
+    rows_body(j, 0, j->R, LVL_AVX2);
+    if (j->stream) _mm_sfence(); /* the streamed stores are visible before the call returns */
+}
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void rows_avx512(const qf_job *j) {
     rows_body(j, 0, j->R, LVL_AVX512);
+    if (j->stream) _mm_sfence(); /* the streamed stores are visible before the call returns */
 }
 #endif
 
@@ -526,7 +625,9 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     memset(&j, 0, sizeof j);
     memset(bufs, 0, sizeof bufs);
     Py_ssize_t span = 0;
-    if (!PyArg_ParseTuple(args, "y*nnniy*Ow*i|n", &bufs[0], &stride, &R, &C, &n, &bufs[1], &params, &bufs[2], &outkind, &span)) {
+    int stream = 0;
+    if (!PyArg_ParseTuple(args, "y*nnniy*Ow*i|np", &bufs[0], &stride, &R, &C, &n, &bufs[1], &params, &bufs[2], &outkind, &span,
+                          &stream)) {
         for (k = 0; k < 3; k++)
             if (bufs[k].obj) PyBuffer_Release(&bufs[k]);
         return NULL;
@@ -608,6 +709,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     j.outkind = outkind;
     j.span = span;
     j.nib = n == 2 ? nibble_order(&j) : NIB_NONE;
+    j.stream = stream && outkind == OUT_F32;
     if (R && C) {
         int lvl = g_level;
         Py_BEGIN_ALLOW_THREADS

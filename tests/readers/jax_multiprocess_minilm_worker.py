@@ -198,16 +198,9 @@ def reference(folder: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        if sys.argv[1] == "ref":
-            reference(sys.argv[2], sys.argv[3])
-        else:
-            main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
-    except BaseException:
-        # Exit at once: a normal exit waits in jax.distributed's shutdown barrier for the other
-        # processes, which wait for this one in their next collective until gloo times out.
-        import traceback
+    from tests.readers.jax_processes import run_worker
 
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+    if sys.argv[1] == "ref":
+        run_worker(reference, sys.argv[2], sys.argv[3])
+    else:
+        run_worker(main, int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])

@@ -215,13 +215,6 @@ def main(pid: int, nproc: int, port: int, folder: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
-    except BaseException:
-        # Exit at once: a normal exit waits in jax.distributed's shutdown barrier for the other
-        # processes, which wait for this one in their next collective until gloo times out.
-        import traceback
+    from tests.readers.jax_processes import run_worker
 
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+    run_worker(main, int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])

@@ -26,10 +26,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -39,9 +35,9 @@ pytest.importorskip("jax")
 import qformat  # noqa: E402
 
 from ..test_slicing import needed  # noqa: E402
+from .jax_processes import run_group  # noqa: E402
 from .jax_multiprocess_worker import DEVICES, INDEX, MISALIGNED, PACKED_PLACEMENT, PLAN, write_checkpoint  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: process groups: processes -> CPU devices per process
 GROUPS = {2: 2, 4: 1}
 TIMEOUT_S = 150
@@ -54,62 +50,18 @@ TIMEOUT_S = 150
 PERIODS = {"int": (1, 32), "mxfp4": (1, 32), "nvfp4": (1, 16), "fp8_e4m3": (1, 1), "nf4": (1, None), "plain": (1, 1)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(folder: str, nproc: int, local: int) -> dict:
-    """Run ``nproc`` workers to the end; kill them all on the first failure or at TIMEOUT_S."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={local}",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    for attempt in range(2):  # a port taken between _free_port and the coordinator's bind: once more
-        port = _free_port()
-        procs, errs = [], []
-        for i in range(nproc):
-            err = open(os.path.join(folder, f"stderr-{nproc}-{i}.txt"), "w+")
-            errs.append(err)
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.readers.jax_multiprocess_worker", str(i), str(nproc), str(port),
-                                           folder, os.path.join(folder, f"report-{nproc}-{i}.json")],
-                                          cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err))
-        deadline = time.monotonic() + TIMEOUT_S
-        failed = timed_out = False
-        try:
-            while any(p.poll() is None for p in procs):
-                if any(p.poll() not in (None, 0) for p in procs):
-                    failed = True  # the others would wait for it in a collective
-                    break
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    break
-                time.sleep(0.1)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                p.wait(timeout=30)
-        texts = []
-        for i, err in enumerate(errs):
-            err.seek(0)
-            texts.append(err.read())
-            err.close()
-        rcs = [p.returncode for p in procs]
-        if not failed and not timed_out and all(rc == 0 for rc in rcs):
-            reports = []
-            for i in range(nproc):
-                with open(os.path.join(folder, f"report-{nproc}-{i}.json")) as fh:
-                    reports.append(json.load(fh))
-            return {"ok": True, "reports": reports}
-        if attempt == 0 and any("address already in use" in t.lower() for t in texts):
-            continue
-        why = f"{nproc} processes: return codes {rcs}" + (f", killed after {TIMEOUT_S} s" if timed_out else "")
-        tails = "\n".join(f"--- process {i} stderr (tail) ---\n" + "\n".join(l for l in t.splitlines() if "[Gloo]" not in l)[-4000:]
-                          for i, t in enumerate(texts))
-        return {"ok": False, "error": why + "\n" + tails}
-    raise AssertionError("unreachable")
+    """Run ``nproc`` workers to the end (tests/readers/jax_processes.py); their JSON reports, or
+    what failed with each one's stderr."""
+    argvs = [[str(i), str(nproc), "{port}", folder, os.path.join(folder, f"report-{nproc}-{i}.json")] for i in range(nproc)]
+    failed = run_group(folder, f"{nproc} processes", "tests.readers.jax_multiprocess_worker", argvs, local, TIMEOUT_S)
+    if failed is not None:
+        return {"ok": False, "error": failed}
+    reports = []
+    for i in range(nproc):
+        with open(os.path.join(folder, f"report-{nproc}-{i}.json")) as fh:
+            reports.append(json.load(fh))
+    return {"ok": True, "reports": reports}
 
 
 @pytest.fixture(scope="module")

@@ -27,10 +27,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -39,7 +35,8 @@ pytest.importorskip("jax")
 
 import qformat  # noqa: E402
 
-from .jax_multiprocess_minilm_worker import DEVICES, QUANTIZED, ROOT, TOKENS, load_example, split_axis  # noqa: E402
+from .jax_processes import run_group  # noqa: E402
+from .jax_multiprocess_minilm_worker import DEVICES, QUANTIZED, TOKENS, load_example, split_axis  # noqa: E402
 
 #: process groups: processes -> CPU devices per process
 GROUPS = {2: 2, 4: 1}
@@ -50,60 +47,10 @@ WORKER = "tests.readers.jax_multiprocess_minilm_worker"
 COSINE = 0.99999
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tail(text: str) -> str:
-    return "\n".join(line for line in text.splitlines() if "[Gloo]" not in line)[-4000:]
-
-
 def _run(folder: str, tag: str, argvs: list[list[str]], local: int) -> str | None:
     """Run one process per argv (``{port}`` filled in) to the end; kill them all on the first
     failure or at TIMEOUT_S.  None when all exit 0, else what failed with each one's stderr."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={local}",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    for attempt in range(2):  # a port taken between _free_port and the coordinator's bind: once more
-        port = str(_free_port())
-        procs, errs = [], []
-        try:
-            for i, argv in enumerate(argvs):
-                err = open(os.path.join(folder, f"stderr-{tag}-{i}.txt"), "w+")
-                errs.append(err)
-                procs.append(subprocess.Popen([sys.executable, "-m", WORKER] + [a.replace("{port}", port) for a in argv],
-                                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err))
-            deadline = time.monotonic() + TIMEOUT_S
-            failed = timed_out = False
-            while any(p.poll() is None for p in procs):
-                if any(p.poll() not in (None, 0) for p in procs):
-                    failed = True  # the others would wait for it in a collective
-                    break
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    break
-                time.sleep(0.1)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                p.wait(timeout=30)
-        texts = []
-        for err in errs:
-            err.seek(0)
-            texts.append(err.read())
-            err.close()
-        rcs = [p.returncode for p in procs]
-        if not failed and not timed_out and all(rc == 0 for rc in rcs):
-            return None
-        if attempt == 0 and any("address already in use" in t.lower() for t in texts):
-            continue
-        why = f"{tag}: return codes {rcs}" + (f", killed after {TIMEOUT_S} s" if timed_out else "")
-        return why + "\n" + "\n".join(f"--- process {i} stderr (tail) ---\n{_tail(t)}" for i, t in enumerate(texts))
-    raise AssertionError("unreachable")
+    return run_group(folder, tag, WORKER, argvs, local, TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
