@@ -404,8 +404,13 @@ class Int8PerChannel(KernelPath):
         plain = (desc.codes.element.bits == 8 and p.container == 8 and p.axis == 1 and p.order is None and p.slot_order is None
                  and p.planes_span is None and p.row_alignment == 1 and tuple(codes.shape) == (n, k)
                  and np.array_equal(table, np.arange(256, dtype=np.int64).astype(np.uint8).view(np.int8).astype(np.float64)))
-        if plain:
+        if plain and codes.data_ptr() % 64 == 0:
             q = codes.view(torch.int8)  # shares the buffer
+        elif plain:
+            # torch's AVX-512 kernel reads the weight with aligned loads from 4 rows of
+            # activations up: a weight that is not on a 16-byte boundary (a tensor at an 8-byte
+            # safetensors offset) crashed it (measured, torch 2.13).  A copy is 64-byte aligned.
+            q = codes.view(torch.int8).clone()
         else:
             q = torch.from_numpy(table.astype(np.int8))[_codes(desc, comps)].contiguous()
         return Prepared(self, {"weight": q, "scales": s.to(dt).contiguous()}, dt, not why, "; ".join(why), len(rel))

@@ -197,7 +197,47 @@ def test_native_int8_shares_the_codes_buffer():
     _need(kernels.Int8PerChannel)
     m = QLinear(quantized("int8 per channel", scale_dtype="bfloat16"))
     assert m.kernel_path == "int8_per_channel"
-    assert m._native.tensors["weight"].data_ptr() == m.component_tensors()["codes"].data_ptr()
+    codes = m.component_tensors()["codes"]
+    shared = m._native.tensors["weight"].data_ptr() == codes.data_ptr()
+    assert shared == (codes.data_ptr() % 64 == 0)  # an unaligned buffer is copied (next test)
+
+
+def test_native_int8_on_a_buffer_off_the_16_byte_boundary():
+    """Codes at an 8-byte offset (as a safetensors file may place them): torch's AVX-512 int8
+    kernel crashed on such a weight from 4 rows of activations up.  Run in a child process (a
+    crash must fail this test, not the test runner): the kernel takes an aligned copy, and 1 to
+    9 rows give the kernel's product within its bound of the decoded weight."""
+    import subprocess
+    import sys
+
+    _need(kernels.Int8PerChannel)
+    code = """
+import numpy as np, torch, qformat
+from qformat_torch import QLinear, TorchQTensor
+rng = np.random.default_rng(0)
+q = qformat.quantize(rng.standard_normal((1024, 1024)).astype(np.float32), "int", bits=8, group_size=None, scale_dtype="bfloat16", dtype="bfloat16")
+comps = dict(TorchQTensor.from_qtensor(q).components)
+name = q.descriptor["codes"]["tensor"]
+a = np.asarray(q.components[name])
+raw = np.zeros(a.nbytes + 72, np.uint8)
+k = (-raw.ctypes.data % 64) + 8  # 8 bytes past a 64-byte boundary: not 16-byte aligned
+v = raw[k : k + a.nbytes].view(a.dtype).reshape(a.shape)
+v[...] = a
+comps[name] = torch.from_numpy(v)
+m = QLinear(TorchQTensor(q.descriptor, comps), kernel="native")
+assert m.component_tensors()["codes"].data_ptr() % 16 == 8
+assert m.kernel_path == "int8_per_channel", m.kernel_path
+w = m.weight.double()
+for rows in range(1, 10):
+    x = torch.randn(rows, 1024, dtype=torch.bfloat16)
+    y = m(x).double()
+    ref = x.double() @ w.T
+    bound = 2.0**-7 * (x.double().abs() @ w.abs().T) + 1e-6
+    assert bool(((y - ref).abs() <= bound).all()), rows
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-3000:])
 
 
 def test_failed_probe_falls_back_to_decode(monkeypatch):
