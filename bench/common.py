@@ -74,6 +74,15 @@ class BenchCheckFailed(RuntimeError):
     """An equality check of the harness failed: a row would time a wrong result."""
 
 
+def drop_cache(path: str) -> None:
+    """Evict a file from the page cache (clean pages; no privileges needed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def _require(ok: bool, what: Any) -> None:
     if not ok:
         raise BenchCheckFailed(f"check failed: {what}")

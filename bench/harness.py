@@ -30,7 +30,7 @@ from qformat import decode as qdecode
 from qformat.descriptor import parse_descriptor
 from qformat.sources import ArraySource
 
-from .common import MB, Run, _ckpt_children, _copy_seconds, _require, _same_bits, _tree_bytes
+from .common import MB, Run, _ckpt_children, _copy_seconds, _require, _same_bits, _tree_bytes, drop_cache
 
 
 def _torch_np(t: Any) -> np.ndarray:
@@ -267,15 +267,6 @@ def bench_nf4(run: Run, rows: int, cols: int) -> None:
             ref="torchao NF4Tensor.get_original_weight", note="" if exact else "values differ from torchao (see interop_torchao)")
 
 
-def _drop_cache(path: str) -> None:
-    """Evict a file from the page cache (clean pages; no privileges needed)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def bench_load(run: Run, tmp: str, layers: int, rows: int, cols: int) -> None:
     """safetensors loading a bf16 checkpoint against loading its 4-bit qformat checkpoint into bf16."""
     import safetensors.torch
@@ -305,7 +296,7 @@ def bench_load(run: Run, tmp: str, layers: int, rows: int, cols: int) -> None:
             fn()
             for _ in range(reps):
                 if cache == "cold":
-                    _drop_cache(path)
+                    drop_cache(path)
                 gc.collect()
                 t0 = time.perf_counter()
                 fn()
@@ -425,7 +416,7 @@ def bench_check(run: Run, tmp: str, layers: int, rows: int) -> None:
     for payload in (False, True):
         for cache in ("warm", "cold"):
             if cache == "cold":
-                _drop_cache(path)
+                drop_cache(path)
             else:
                 _child(CHILD, path, "1" if payload else "0")  # warms the page cache
             r = _child(CHILD, path, "1" if payload else "0")

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from .common import drop_cache
+
 MB = 1 << 20
 WORLDS = (1, 2, 4)
 
@@ -80,14 +82,6 @@ def _skeleton(layers: int, hidden: int, inter: int, heads: int) -> Any:
     return root
 
 
-def _drop_cache(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def worker(path: str, out: str, layers: int, hidden: int, inter: int, heads: int, reps: int, kernel: str) -> None:
     """One rank (under torchrun): ``reps`` TP loads, each timed behind a barrier."""
     import torch
@@ -103,7 +97,7 @@ def worker(path: str, out: str, layers: int, hidden: int, inter: int, heads: int
     for rep in range(reps + 1):  # the first load warms imports and the allocator; not timed
         model = _skeleton(layers, hidden, inter, heads)
         if rank == 0:
-            _drop_cache(path)
+            drop_cache(path)
         dist.barrier()
         log: list = []
         t0 = time.perf_counter()

@@ -79,14 +79,9 @@ def _model(folder: str) -> tuple[Any, str, dict, dict]:
 
 
 def _reads(log: list) -> dict[str, list]:
-    """tensor -> [{device, region, reads: [[component, file offset, length], ...]}, ...]."""
-    out: dict[str, list] = {}
-    for r in log:
-        out.setdefault(r["tensor"], []).append({
-            "device": None if r["device"] is None else r["device"].id,
-            "region": None if r["region"] is None else [list(b) for b in r["region"]],
-            "reads": [[rd.tensor, rd.offset, rd.length] for rd in r["reads"]]})
-    return out
+    from tests.readers.jax_processes import reads_of
+
+    return reads_of(log)
 
 
 def _box(index: tuple, shape: tuple[int, ...]) -> list[list[int]]:

@@ -104,14 +104,9 @@ def same_bits(a: Any, b: Any) -> bool:
 
 
 def _reads(log: list) -> dict[str, list]:
-    """tensor -> [[component, file offset, length], ...] with the region of each record."""
-    out: dict[str, list] = {}
-    for r in log:
-        out.setdefault(r["tensor"], []).append({
-            "device": None if r["device"] is None else r["device"].id,
-            "region": None if r["region"] is None else [list(b) for b in r["region"]],
-            "reads": [[rd.tensor, rd.offset, rd.length] for rd in r["reads"]]})
-    return out
+    from tests.readers.jax_processes import reads_of
+
+    return reads_of(log)
 
 
 def main(pid: int, nproc: int, port: int, folder: str, out_path: str) -> None:

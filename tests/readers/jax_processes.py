@@ -84,3 +84,15 @@ def run_worker(fn: Callable[..., Any], *args: Any) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
+
+
+def reads_of(log: list) -> dict[str, list]:
+    """A ``read_log`` as JSON: tensor -> [{device id, region, reads: [[component, file offset,
+    length], ...]}, ...]."""
+    out: dict[str, list] = {}
+    for r in log:
+        out.setdefault(r["tensor"], []).append({
+            "device": None if r["device"] is None else r["device"].id,
+            "region": None if r["region"] is None else [list(b) for b in r["region"]],
+            "reads": [[rd.tensor, rd.offset, rd.length] for rd in r["reads"]]})
+    return out
