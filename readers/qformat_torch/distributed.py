@@ -55,7 +55,7 @@ from qformat.remote import is_url
 from qformat.slicing import Read, RecordingSource, describe_alignment, is_aligned, slice_qtensor
 
 from .dtypes import numpy_to_torch
-from .nn import QLinear, _get_submodule, _set_module
+from .nn import QLinear, _get_submodule, _set_module, local_component_names
 from .qtensor import TorchQTensor
 
 __all__ = ["ColwiseQLinear", "RowwiseQLinear", "TPStats", "STYLES", "load_tensor_parallel", "llama_tp_plan", "tp_bounds"]
@@ -88,6 +88,23 @@ class _Parallel:
     tp_style: str
 
 
+def _gathered(y: torch.Tensor, world: int, group: Any) -> torch.Tensor:
+    """Every rank's output slice ``y`` concatenated along the last axis (``all_gather``)."""
+    if world == 1:
+        return y
+    parts = [torch.empty_like(y) for _ in range(world)]
+    dist.all_gather(parts, y.contiguous(), group=group)
+    return torch.cat(parts, dim=-1)
+
+
+def _summed(y: torch.Tensor, world: int, group: Any) -> torch.Tensor:
+    """The sum of every rank's partial product ``y`` (``all_reduce``, SUM; in place)."""
+    if world > 1:
+        y = y.contiguous()
+        dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)
+    return y
+
+
 class ColwiseQLinear(QLinear, _Parallel):
     """A QLinear holding rows ``[start, stop)`` of the full weight (out_features split).
 
@@ -105,11 +122,7 @@ class ColwiseQLinear(QLinear, _Parallel):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
-        if not self.gather_output or self.tp_world == 1:
-            return y
-        parts = [torch.empty_like(y) for _ in range(self.tp_world)]
-        dist.all_gather(parts, y.contiguous(), group=self.tp_group)
-        return torch.cat(parts, dim=-1)
+        return _gathered(y, self.tp_world, self.tp_group) if self.gather_output else y
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", tp={self.tp_style} {self.tp_rank}/{self.tp_world}"
@@ -129,10 +142,7 @@ class RowwiseQLinear(QLinear, _Parallel):
         self.tp_rank, self.tp_world, self.tp_group, self.tp_style = rank, world, group, "rowwise"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._forward(x, None)
-        if self.tp_world > 1:
-            y = y.contiguous()
-            dist.all_reduce(y, op=dist.ReduceOp.SUM, group=self.tp_group)
+        y = _summed(self._forward(x, None), self.tp_world, self.tp_group)
         b = self.bias
         return y if b is None else y + b.to(y.dtype)
 
@@ -145,21 +155,14 @@ class _PlainColwise(nn.Linear, _Parallel):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
-        if self.tp_style != "colwise_rep" or self.tp_world == 1:
-            return y
-        parts = [torch.empty_like(y) for _ in range(self.tp_world)]
-        dist.all_gather(parts, y.contiguous(), group=self.tp_group)
-        return torch.cat(parts, dim=-1)
+        return _gathered(y, self.tp_world, self.tp_group) if self.tp_style == "colwise_rep" else y
 
 
 class _PlainRowwise(nn.Linear, _Parallel):
     """An unquantized Linear split by columns: partial product, all_reduce (SUM), then the bias."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
-        if self.tp_world > 1:
-            y = y.contiguous()
-            dist.all_reduce(y, op=dist.ReduceOp.SUM, group=self.tp_group)
+        y = _summed(F.linear(x, self.weight), self.tp_world, self.tp_group)
         return y if self.bias is None else y + self.bias
 
 
@@ -297,9 +300,8 @@ def load_tensor_parallel(model: nn.Module, path: str | os.PathLike[str], plan: M
                 desc = h.validated_descriptor(s.key)
                 region = tuple(s.bounds if a == s.dim else (0, n) for a, n in enumerate(desc.shape))
                 sub, comps = slice_qtensor(desc, rec, region)
-                prefix = s.key + "."
                 qt = TorchQTensor(sub, {c: numpy_to_torch(a, dev) for c, a in comps.items()})
-                new_weights[s.module] = qt.renamed(lambda c, p=prefix: c[len(p):] if c.startswith(p) else c)
+                new_weights[s.module] = local_component_names(qt, s.key)
             else:
                 new_weights[s.module] = _read_plain(h, rec, s.key, _box(h.shape(s.key), s.dim, s.bounds), dev)
             stats.packed_bytes += sum(r.length for r in rec.reads)

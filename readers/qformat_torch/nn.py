@@ -237,6 +237,13 @@ class QLinear(nn.Module):
                 f"scheme={scheme}, dtype={self.descriptor['dtype']}, packed_bytes={self.packed_nbytes}, kernel={self.kernel_path}")
 
 
+def local_component_names(qt: TorchQTensor, key: str) -> TorchQTensor:
+    """``qt`` (the file's tensor ``key``) with its components named as a QLinear holds them:
+    ``"<key>.scale"`` -> ``"scale"`` (other names as they are)."""
+    prefix = key + "."
+    return qt.renamed(lambda c: c[len(prefix):] if c.startswith(prefix) else c)
+
+
 def _reselect_after_load(module: QLinear, _keys: Any) -> None:
     module._select_kernel()  # the buffers were overwritten in place: repack the kernel's copy
 
@@ -321,8 +328,7 @@ def load_model(model: nn.Module, path: str | os.PathLike[str], *, device: Any = 
         plain = {key: f.get_tensor(key) for key in plan.plain}
         packed = {}
         for modname, (key, dev) in plan.qlinear.items():
-            prefix = key + "."
-            packed[modname] = f.get_qtensor(key).renamed(lambda c, p=prefix: c[len(p):] if c.startswith(p) else c).to(dev)
+            packed[modname] = local_component_names(f.get_qtensor(key), key).to(dev)
     # Plain tensors first (biases included), then the QLinears, which take the loaded bias:
     # load_state_dict runs every QLinear's post-load hook, and each would repack its kernel's
     # copy of the weight a second time (2.6x the load time of a 7B-shaped layer).
