@@ -702,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="decode,kernels,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
                     help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py; "
                          "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py; remote, bench/remote.py; "
+                         "llama_cpp_speed, bench/llama_cpp_speed.py; "
                          "multihost_jax, tp_torch, split_convert: bench/multihost_jax.py, tp_torch.py, split_convert.py, or all three as multihost)")
     ap.add_argument("--checkpoint-gb", default="0.5,1,2,4", help="source sizes of the checkpoint section (GiB, comma-separated)")
     ap.add_argument("--llama-gb", type=float, default=1.5, help="size of the llama section's fp16 checkpoint (GiB)")
@@ -779,6 +780,10 @@ def main(argv: list[str] | None = None) -> int:
             from .generate import bench_generate
 
             bench_generate(run, tmp)
+        if "llama_cpp_speed" in only:
+            from .llama_cpp_speed import bench_llama_cpp_speed
+
+            bench_llama_cpp_speed(run, tmp)
     if not a.quick and {"decode", "gguf", "nf4", "load"} <= only:
         _targets_from_rows(run)
     print("\n[targets]")

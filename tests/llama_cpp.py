@@ -137,26 +137,32 @@ def _source_id(src: Path) -> str:
     return "src-" + hashlib.sha256(str(src.resolve()).encode()).hexdigest()[:12]
 
 
-def build_dir(src: Path | None = None) -> Path:
-    """The finished build's folder for this source and these flags (it may not exist yet)."""
+def build_dir(src: Path | None = None, flags: Sequence[str] = BUILD_FLAGS, tools: Sequence[str] = TOOLS) -> Path:
+    """The finished build's folder for this source and these flags (it may not exist yet).
+
+    ``flags`` and ``tools`` (default :data:`BUILD_FLAGS`, :data:`TOOLS`: the tests' build) are
+    the cache key; another set (the bench's native build) gets its own folder."""
     src = src or source_dir()
-    key = hashlib.sha256(json.dumps({"flags": BUILD_FLAGS, "tools": TOOLS}).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps({"flags": tuple(flags), "tools": tuple(tools)}).encode()).hexdigest()[:12]
     return cache_root() / "llama-cpp-build" / f"{_source_id(src)}-{key}"
 
 
-def build_record(src: Path | None = None) -> dict:
+def build_record(src: Path | None = None, flags: Sequence[str] = BUILD_FLAGS, tools: Sequence[str] = TOOLS) -> dict:
     """What the build recorded: flags, jobs, seconds, compiler (for the README's numbers)."""
-    return json.loads((build_dir(src) / BUILD_RECORD).read_text())
+    return json.loads((build_dir(src, flags, tools) / BUILD_RECORD).read_text())
 
 
-def tools_dir(src: Path | None = None, jobs: int | None = None) -> Path:
-    """The folder holding ``TOOLS``, built now if no finished build exists.
+def tools_dir(src: Path | None = None, jobs: int | None = None, flags: Sequence[str] = BUILD_FLAGS,
+              tools: Sequence[str] = TOOLS, nice: int | None = None) -> Path:
+    """The folder holding ``tools`` (default ``TOOLS``), built with ``flags`` (default
+    ``BUILD_FLAGS``) now if no finished build exists; ``nice``: run the compiler under
+    ``nice -n NICE`` (not part of the cache key).
 
     The build runs in a temporary folder next to the final one and is renamed into place only
     after every tool exists and the record is written, so an interrupted or failed build leaves
     nothing that looks complete (its leftovers are removed by the next build)."""
     src = src or source_dir()
-    final = build_dir(src)
+    final = build_dir(src, flags, tools)
     if (final / BUILD_RECORD).is_file():
         return final / "bin"
     with llama_cpp_source.locked(final.parent / (final.name + ".lock")):
@@ -168,28 +174,30 @@ def tools_dir(src: Path | None = None, jobs: int | None = None) -> Path:
             shutil.rmtree(final)
         staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=final.name + ".tmp-"))
         try:
-            _build(src, staging, jobs or os.cpu_count() or 1)
+            _build(src, staging, jobs or os.cpu_count() or 1, tuple(flags), tuple(tools), nice)
             os.rename(staging / "out", final)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return final / "bin"
 
 
-def _build(src: Path, staging: Path, jobs: int) -> None:
+def _build(src: Path, staging: Path, jobs: int, flags: tuple[str, ...] = BUILD_FLAGS, tools: tuple[str, ...] = TOOLS,
+           nice: int | None = None) -> None:
     cmake = shutil.which("cmake")
     if cmake is None:
         raise LlamaCppError("cmake is not installed; the llama_cpp tests build llama.cpp with it")
     build, out = staging / "build", staging / "out"
     t0 = time.monotonic()
-    run([cmake, "-S", src, "-B", build, *BUILD_FLAGS], timeout=CONFIGURE_TIMEOUT_S)
+    prefix = ["nice", "-n", str(nice)] if nice is not None and shutil.which("nice") else []
+    run([*prefix, cmake, "-S", src, "-B", build, *flags], timeout=CONFIGURE_TIMEOUT_S)
     t1 = time.monotonic()
-    run([cmake, "--build", build, "--target", *TOOLS, "-j", str(jobs)], timeout=BUILD_TIMEOUT_S)
+    run([*prefix, cmake, "--build", build, "--target", *tools, "-j", str(jobs)], timeout=BUILD_TIMEOUT_S)
     t2 = time.monotonic()
     (out / "bin").mkdir(parents=True)
-    for tool in TOOLS:
+    for tool in tools:
         shutil.copy2(build / "bin" / tool, out / "bin" / tool)
     cxx = run([os.environ.get("CXX", "c++"), "--version"], timeout=60).stdout.splitlines()[0]
-    record = {"source": str(src), "flags": BUILD_FLAGS, "tools": TOOLS, "jobs": jobs,
+    record = {"source": str(src), "flags": flags, "tools": tools, "jobs": jobs,
               "configure_s": round(t1 - t0, 1), "build_s": round(t2 - t1, 1), "compiler": cxx}
     (out / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n")
 

@@ -55,6 +55,41 @@ def test_bench_gguf_quantize_section(tmp_path, capsys):
     assert all(r["tensors_checked_equal"] >= 5 and r["x_llama_quantize"] > 0 for r in rows)
 
 
+def test_bench_llama_cpp_speed_section(tmp_path, capsys):
+    """llama.cpp's own speed in --quick form: where the native build exists (a full run of the
+    section makes it; --quick never builds), BF16, F16 and Q4_0 files of a tiny model each get a
+    tokens/s row against BF16; elsewhere one row says why the section was skipped."""
+    out = tmp_path / "r.json"
+    assert main(["--quick", "--only", "llama_cpp_speed", "--json", str(out), "--tmp", str(tmp_path)]) == 0
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["section"] == "llama_cpp_speed"]
+    printed = capsys.readouterr().out
+    if "[llama_cpp_speed] skipped" in printed:
+        assert [r["name"] for r in rows] == ["llama.cpp (skipped)"] and rows[0]["skipped"]
+        return
+    assert [r["type"] for r in rows] == ["BF16", "F16", "Q4_0", "Q4_0 (qformat int4 g32, bf16 embeddings and head)", "BF16 (again)"]
+    assert all(r["tokens_per_s"] > 0 and r["prompt8_tokens_per_s"] > 0 and r["file_MB"] > 0 for r in rows)
+    assert all(r["x_vs"] > 0 and r["vs"] == "llama.cpp BF16" for r in rows[1:])
+    assert rows[2]["tensor_types"]["Q4_0"] > 0 and rows[3]["tensor_types"]["BF16"] > 0
+
+
+def test_bench_llama_cpp_speed_says_why_it_is_skipped(tmp_path, monkeypatch, capsys):
+    """A llama.cpp that cannot be built (here: a source folder with nothing in it) gives one row
+    with the reason, in a full run as in --quick; nothing fails silently and nothing is built."""
+    from bench.common import Run
+    from bench.llama_cpp_speed import bench_llama_cpp_speed
+
+    (tmp_path / "src").mkdir()
+    monkeypatch.setenv("QFORMAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("QFORMAT_LLAMA_CPP_SRC", str(tmp_path / "src"))
+    for quick, why in ((True, "speed build is not there"), (False, "could not be built")):
+        run = Run(1, quick)
+        bench_llama_cpp_speed(run, str(tmp_path))
+        (row,) = run.rows
+        assert row["name"] == "llama.cpp (skipped)" and why in row["skipped"], row
+        assert f"[llama_cpp_speed] skipped: {row['skipped']}" in capsys.readouterr().out
+    assert not list((tmp_path / "cache" / "llama-cpp-build").glob("*/bin"))
+
+
 # -- the fast paths the benchmark measures give the reference's bits -------------------------------
 # Each fast path (per-byte tables for `planes`, integer bfloat16 rounding, the torch chunked
 # decoder with its worker threads) is compared with the general path it replaces, which the

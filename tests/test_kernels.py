@@ -232,7 +232,8 @@ def test_streamed_float32_output_has_the_reference_bits(level, scheme):
 
 def test_info_says_which_path_runs():
     i = kernels.info()
-    assert set(i) == {"path", "level", "cpu_level", "built", "reason"}
+    assert set(i) == {"path", "level", "cpu_level", "built", "reason", "matmul"}
+    assert set(i["matmul"]) == {"level", "bf16", "amx", "threads"}
     with kernels.use("numpy"):
         assert kernels.info()["path"] == "numpy" and kernels.info()["level"] is None
     assert kernels.info() == i
@@ -448,11 +449,10 @@ tables = {0: rng.standard_normal(16).astype(np.float32), 1: c.view(np.int8).asty
 levels = list(range(mm.cpu_level() + 1))
 runs = 0
 for kind in kinds:
-    for m in (1, 2, 5, 9):
-        for k, g in ((64, 16), (96, 32), (256, 64), (128, 128), (40, 8)):
+    for m in (1, 2, 5, 9, 17):
+        for k, g, n in ((64, 16, 7), (96, 32, 7), (256, 64, 7), (128, 128, 7), (40, 8, 7), (64, 32, 150), (96, 16, 37)):
             if kind == 0 and k % 2:
                 continue
-            n = 7
             w = rng.integers(0, 256, (n, k // 2 if kind == 0 else k), dtype=np.uint8)
             if kind == 3:
                 w &= 0xF7  # no NaN code (the caller's rule for this kind)
@@ -467,15 +467,20 @@ for kind in kinds:
             wf = wf * (s if s is not None else 1)
             wf = wf + (b if b is not None else 0)
             ref = x.astype(np.float64) @ wf.T
-            bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(wf).T) + 1e-30
+            absx = np.abs(x).astype(np.float64) @ np.abs(wf).T
+            bound = 1e-5 * absx + 1e-30
             for lv in levels:
-                for n0, n1 in ((0, n), (2, 5), (6, 7), (3, 3)):
-                    y = np.full((m, n), np.nan, np.float32)
-                    mm.matmul(x, m, k, w, n, kind, tables[kind], g, ps[0], ps[1], ps[2], y, n0, n1, lv)
-                    ok = np.abs(y[:, n0:n1] - ref[:, n0:n1]) <= bound[:, n0:n1]
-                    assert ok.all(), (kind, m, k, g, lv, n0, n1)
-                    assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all()  # nothing outside the range
-                    runs += 1
+                # bf16x (lv 2): AVX512_BF16 / AMX products for several rows, x and the weights
+                # rounded to bfloat16 (a looser bound); threads: the pool's shares
+                for bf, threads in ((0, 1), (0, 3), (1, 1), (1, 2)) if lv == 2 else ((0, 1), (0, 3)):
+                    loose = 2.0**-6 if bf else 0.0
+                    for n0, n1 in ((0, n), (2, 5), (6, 7), (3, 3), (1, n - 1)):
+                        y = np.full((m, n), np.nan, np.float32)
+                        mm.matmul(x, m, k, w, n, kind, tables[kind], g, ps[0], ps[1], ps[2], y, n0, n1, lv, bf, threads)
+                        ok = np.abs(y[:, n0:n1] - ref[:, n0:n1]) <= bound[:, n0:n1] + loose * absx[:, n0:n1]
+                        assert ok.all(), (kind, m, k, g, lv, n0, n1, bf, threads)
+                        assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all()  # nothing outside the range
+                        runs += 1
 print("runs", runs)
 """
 
@@ -553,10 +558,12 @@ def test_sanitized_ggml_quantizers(tmp_path):
 
 @native
 def test_sanitized_matmul_kernel(tmp_path):
-    """qformat/kernels/_matmul.c built with -fsanitize=address,undefined: every code kind, 1 to 9
-    rows of x, groups of 8 to 128, partial column ranges, on every level this CPU has, against a
-    float64 reference, with no invalid access or undefined behaviour; columns outside the range
-    asked for are never written."""
+    """qformat/kernels/_matmul.c built with -fsanitize=address,undefined: every code kind, 1 to 17
+    rows of x, groups of 8 to 128, 7 to 150 columns, partial column ranges, one and several
+    threads (the native pool: the sanitized module is loaded without torch, so no OpenMP), the
+    bfloat16 products (AVX512_BF16 / AMX) where this CPU has them, on every level this CPU has,
+    against a float64 reference, with no invalid access or undefined behaviour; columns outside
+    the range asked for are never written."""
     so, env = _sanitized_build("_matmul", tmp_path)
     r = subprocess.run([sys.executable, "-c", _SANITIZED_MATMUL, str(so)], env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0 and "Sanitizer" not in r.stderr, r.stderr[-4000:]

@@ -89,13 +89,20 @@ def info() -> dict[str, Any]:
     """Which decode path runs: ``path`` ("native" or "numpy"), ``level`` (the native kernel's
     instruction set level, None on the NumPy path), ``cpu_level`` (the best level this CPU and
     build have, None without the extension), ``built`` (whether the extension imported) and
-    ``reason`` (why the NumPy path, or why a forced level)."""
+    ``reason`` (why the NumPy path, or why a forced level); and ``matmul``: the packed-weight
+    matmul's level name (None without its extension or with native kernels off), ``bf16``
+    (AVX512_BF16 dot products for several bfloat16 rows), ``amx`` (AMX tiles for them) and
+    ``threads`` ("openmp": the process's OpenMP threads, torch's where torch is loaded; "pool":
+    the extension's own)."""
+    mm = matmul_available()
     return {
         "path": "native" if _enabled else "numpy",
         "level": _native.level() if _enabled and _native is not None else None,
         "cpu_level": _native.cpu_level() if _native is not None else None,
         "built": _native is not None,
         "reason": _reason,
+        "matmul": {"level": LEVELS[matmul_level()] if mm else None, "bf16": mm and matmul_bf16(),
+                   "amx": mm and matmul_bf16() and matmul_amx(), "threads": _matmul.threading() if mm else None},
     }
 
 
@@ -163,16 +170,32 @@ def matmul_available() -> bool:
 
 
 def matmul_level() -> int:
-    """The matmul kernel's level: 1 (AVX2 + FMA + F16C) where this CPU has it and the decode
-    kernel is not forced to ``generic``, else 0 (the portable loop)."""
+    """The matmul kernel's level: 2 (AVX-512 F/BW/VL/DQ), 1 (AVX2 + FMA + F16C) or 0 (the
+    portable loop): the best this CPU has, capped by the level the decode kernel is set to
+    (:func:`use`), so that ``use("avx2")`` runs both on AVX2."""
     if _matmul is None:
         return 0
-    forced_generic = _native is not None and _native.level() == "generic"
-    return 0 if forced_generic else int(_matmul.cpu_level())
+    cpu = int(_matmul.cpu_level())
+    return cpu if _native is None else min(cpu, LEVELS.index(_native.level()))
+
+
+def matmul_bf16() -> bool:
+    """Whether :func:`matmul` with ``bf16=True`` may take bfloat16 dot products here: the
+    matmul runs at level 2 (AVX-512) and the CPU has AVX512_BF16."""
+    return _matmul is not None and matmul_level() == 2 and bool(_matmul.cpu_bf16())
+
+
+def matmul_amx(enabled: bool | None = None) -> bool:
+    """Whether several rows of bfloat16 x (``matmul(..., bf16=True)``) go to the AMX tile unit
+    (AMX-BF16, where the CPU and OS allow it) rather than AVX512_BF16 dot products; ``enabled``
+    False switches AMX off for this process (tests and benchmarks), True back on."""
+    if _matmul is None:
+        return False
+    return bool(_matmul.amx() if enabled is None else _matmul.amx(int(bool(enabled))))
 
 
 def matmul(x: Any, codes: Any, kind: str, table: Any, group: int, zero: Any, scale: Any, bias: Any, out: Any,
-           threads: int | None = None) -> Any:
+           threads: int | None = None, bf16: bool = False) -> Any:
     """``out[M, N] = x[M, K] @ W[N, K]^T`` with ``W`` packed (see ``_matmul.c``).
 
     ``x``: C-contiguous float32 ``[M, K]``; ``codes``: uint8 ``[N, K/2]`` (kind ``nib4``: two
@@ -180,25 +203,21 @@ def matmul(x: Any, codes: Any, kind: str, table: Any, group: int, zero: Any, sca
     values; ``zero``/``scale``/``bias``: float32 ``[N, K/group]`` or None, applied in that order
     with binary32 steps (each weight equals qformat's decoded binary32 weight; the sums use FMA
     in the kernel's order); ``out``: C-contiguous float32 ``[M, N]``.  The N columns are split
-    over ``threads`` threads (default: the CPU count, at most 8) of :func:`pool`."""
+    over ``threads`` threads (default: the CPU count, at most 8), the extension's own.
+
+    ``bf16=True`` says that ``x`` holds bfloat16 values and that every nonzero weight is within
+    bfloat16's normal range: several rows of x may then be multiplied with bfloat16 dot products
+    (AVX512_BF16, where the CPU has it): each weight rounded to bfloat16 (nearest even), exact
+    products, binary32 sums, subnormal partial sums flushed to zero (see ``_matmul.c``)."""
     if _matmul is None:
         raise RuntimeError("the native matmul extension is not built")
     m, k = x.shape
     n = codes.shape[0]
     level = matmul_level()
     t = max(1, min(8, os.cpu_count() or 1) if threads is None else int(threads))
-    # at least 64 output columns per thread: below that the dispatch costs more than it saves
-    t = max(1, min(t, n // 64))
-    args = (x, m, k, codes, n, MATMUL_KINDS[kind], table, group, zero, scale, bias, out)
-    if t == 1:
-        _matmul.matmul(*args, 0, n, level)
-        return out
-    step = -(-n // t)
-    step = -(-step // 16) * 16  # whole cache lines of output per thread
-    futures = [pool(t).submit(_matmul.matmul, *args, a, min(n, a + step), level) for a in range(step, n, step)]
-    _matmul.matmul(*args, 0, min(n, step), level)  # the caller's thread takes the first share
-    for f in futures:
-        f.result()
+    # the extension splits the columns over its own native threads (whole 16 columns, at least
+    # 64 per thread): Python's pool cost more per call than a small layer's whole product
+    _matmul.matmul(x, m, k, codes, n, MATMUL_KINDS[kind], table, group, zero, scale, bias, out, 0, n, level, int(bool(bf16)), t)
     return out
 
 

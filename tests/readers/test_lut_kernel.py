@@ -4,7 +4,7 @@ Bits first: each weight the kernel multiplies is formed with the decoder's binar
 with one-hot rows of x (``x = I``, float32: every product but one is zero, the sum exact) the
 kernel's output *is* its weight matrix, compared with qformat's decoded binary32 weight bit for
 bit (NaN by class), for every encoder scheme of at most 8 bits (parametrized over the registry)
-and on both kernel levels this CPU has (the portable loop and AVX2).  Then the product: on random
+and on every kernel level this CPU has (the portable loop, AVX2, AVX-512).  Then the product: on random
 activations the output stays within :func:`qformat_torch.kernels.error_bound` of the exact
 float64 product with the decoded weight (binary32 sums with FMA in the kernel's order, the output
 rounded to x's dtype, and for a bfloat16 logical dtype the one rounding of each weight the
@@ -12,6 +12,8 @@ kernel does not do); a wrong weight fails that bound.  Speed is measured in benc
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 
@@ -41,7 +43,22 @@ PARAMS: dict[str, list[dict]] = {
 }
 CASES = [pytest.param(s, p, id=f"{s}-{'-'.join(f'{k}{v}' for k, v in p.items() if k != 'values') or 'default'}")
          for s, ps in PARAMS.items() for p in ps]
-LEVELS = ["generic"] + (["avx2"] if qk.matmul_level() == 1 or qk.info()["cpu_level"] in ("avx2", "avx512") else [])
+#: The matmul kernel's levels this CPU runs (qk.use caps the matmul at the level it names).
+with qk.use("auto"):
+    LEVELS = list(qk.LEVELS[:1 + qk.matmul_level()])
+    #: Several bfloat16 rows of x at the AVX-512 level: AMX tiles where this CPU has them, and the
+    #: AVX512_BF16 dot products (AMX switched off) -- both run here where AMX does.
+    BF16_PATHS = (["amx"] if qk.matmul_amx() else []) + ["dot"]
+
+
+@contextlib.contextmanager
+def _bf16_path(name: str):
+    before = qk.matmul_amx()
+    qk.matmul_amx(name == "amx")
+    try:
+        yield
+    finally:
+        qk.matmul_amx(before)
 N, K = 96, 256
 
 
@@ -85,17 +102,21 @@ def test_kernel_weights_equal_the_decoded_weights_bit_for_bit(scheme: str, param
     assert torch.equal(got[~nan], want[~nan]), f"{(got != want).sum()} weights differ"
 
 
-@pytest.mark.parametrize("level", LEVELS)
+#: (level, bfloat16 path): every level with the dot products, and AMX at the AVX-512 level.
+LEVEL_PATHS = [(lv, "dot") for lv in LEVELS] + [("avx512", p) for p in BF16_PATHS if p != "dot"]
+
+
+@pytest.mark.parametrize("level, bf16_path", LEVEL_PATHS)
 @pytest.mark.parametrize("m", [1, 3, 8, 64])
 @pytest.mark.parametrize("scheme, params", CASES)
-def test_product_within_the_bound(scheme: str, params: dict, m: int, level: str) -> None:
+def test_product_within_the_bound(scheme: str, params: dict, m: int, level: str, bf16_path: str) -> None:
     ql = _layer(scheme, params)
     p = kernels.LutGrouped().prepare(ql._parsed, ql.component_tensors(), "native")
     w = _decoded(ql).double()
     gen = torch.Generator().manual_seed(m)
     for dt in (torch.bfloat16, torch.float32):
         x = torch.randn(m, K, generator=gen).to(dt)
-        with qk.use(level):
+        with qk.use(level), _bf16_path(bf16_path):
             y = p.path.forward(p, x).double()
         ref = x.double() @ w.T
         bound = kernels.error_bound(ref, x.double().abs() @ w.abs().T, K, dt)
@@ -130,6 +151,123 @@ def test_gguf_types_as_converted_run_on_the_kernel(name: str, tmp_path) -> None:
     ref = x.double() @ w.T
     assert bool(((y - ref).abs() <= kernels.error_bound(ref, x.double().abs() @ w.abs().T, 512, torch.float32)).all())
     assert torch.equal(cols, w.float())
+
+
+def _raw(p: kernels.Prepared, x: np.ndarray, bf16: bool) -> np.ndarray:
+    """The kernel's binary32 output for float32 ``x`` (no rounding to x's dtype after it)."""
+    t = p.tensors
+    arr = lambda name: t[name].numpy() if name in t else None  # noqa: E731
+    out = np.empty((x.shape[0], t["codes"].shape[0]), np.float32)
+    qk.matmul(np.ascontiguousarray(x, np.float32), t["codes"].numpy(), p.meta["kind"], t["table"].numpy(), p.meta["group"],
+              arr("zero"), arr("scale"), arr("bias"), out, threads=2, bf16=bf16)
+    return out
+
+
+needs_bf16 = pytest.mark.skipif(not (qk.matmul_available() and qk.matmul_bf16()), reason="no AVX512_BF16 matmul level on this CPU")
+
+
+@needs_bf16
+@pytest.mark.parametrize("scheme, params", CASES)
+@pytest.mark.parametrize("bf16_path", BF16_PATHS)
+def test_bf16_dot_products_multiply_the_decoded_weight_rounded_to_bfloat16(scheme: str, params: dict, bf16_path: str) -> None:
+    """Several rows of bfloat16 x on AVX512_BF16: with one-hot rows the kernel's binary32 output
+    is each weight as it multiplies it, which must be qformat's decoded binary32 weight rounded
+    to bfloat16 (nearest even, torch's ``.to(torch.bfloat16)``) bit for bit (these weights have
+    no bfloat16 subnormal; QLinear asks for this path only where that is proved, see the next
+    tests)."""
+    ql = _layer(scheme, params)
+    p = kernels.LutGrouped().prepare(ql._parsed, ql.component_tensors(), "native")
+    with _bf16_path(bf16_path):
+        got = torch.from_numpy(_raw(p, np.eye(K, dtype=np.float32), bf16=True)).T
+    want = _decoded(ql).to(torch.bfloat16).to(torch.float32)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan], want[~nan]), f"{(got != want).sum()} weights differ"
+
+
+@needs_bf16
+@pytest.mark.parametrize("bf16_path", BF16_PATHS)
+def test_bf16_dot_products_leave_subnormal_activations_to_the_binary32_path(bf16_path: str) -> None:
+    """vdpbf16ps takes a subnormal input as zero: x with one subnormal bfloat16 value gives
+    exactly the binary32 path's output; the same x without it takes the bfloat16 products (the
+    outputs then differ, the weights being rounded)."""
+    ql = _layer("nf4", {})
+    p = kernels.LutGrouped().prepare(ql._parsed, ql.component_tensors(), "native")
+    assert p.meta["bf16_normal"]
+    x = torch.randn(8, K, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).float().numpy()
+    with _bf16_path(bf16_path):
+        assert not np.array_equal(_raw(p, x, bf16=True), _raw(p, x, bf16=False))
+        x[5, 7] = np.float32(2.0**-130)  # a bfloat16 subnormal
+        assert np.array_equal(_raw(p, x, bf16=True), _raw(p, x, bf16=False))
+
+
+def test_weights_below_bfloat16s_normal_range_keep_the_binary32_products() -> None:
+    """Scales so small that some weights are bfloat16 subnormals: not proved normal, so QLinear's
+    forward does not take the bfloat16 dot products (which would take those weights as zero):
+    with one-hot bfloat16 rows its output is each decoded weight rounded to bfloat16, subnormals
+    included."""
+    w = (np.random.default_rng(0).standard_normal((N, K)) * 3e-38).astype(np.float32)
+    from qformat_torch.qtensor import TorchQTensor
+
+    ql = QLinear(TorchQTensor.from_qtensor(qformat.quantize(w, "nf4"), torch.device("cpu")), None)
+    p = kernels.LutGrouped().prepare(ql._parsed, ql.component_tensors(), "native")
+    assert not p.meta["bf16_normal"]
+    want = _decoded(ql).to(torch.bfloat16)
+    assert int(((want.float().abs() < 2.0**-126) & (want != 0)).sum()) > 0
+    got = p.path.forward(p, torch.eye(K, dtype=torch.bfloat16)).T
+    assert torch.equal(got, want)
+
+
+def test_qformats_kernel_goes_first_at_the_avx512_level() -> None:
+    """Path order: at the AVX-512 level qformat's kernel is taken before torch's int8 (and int4)
+    ones (measured faster in bench `generate`); below it torch's int8 kernel keeps an int8
+    per-channel bfloat16 layer, where its probe passes here."""
+    w = (np.random.default_rng(0).standard_normal((N, K)) * 0.05).astype(np.float32)
+    q = qformat.quantize(w, "int", bits=8, group_size=None, scale_dtype="bfloat16", dtype="bfloat16")
+    from qformat_torch.qtensor import TorchQTensor
+
+    with qk.use("avx2"):
+        ql = QLinear(TorchQTensor.from_qtensor(q, torch.device("cpu")), None)
+        want = "int8_per_channel" if kernels.probe(kernels.Int8PerChannel()) else "lut_grouped"
+        assert ql.kernel_path == want
+    if "avx512" in LEVELS:
+        ql = QLinear(TorchQTensor.from_qtensor(q, torch.device("cpu")), None)
+        assert ql.kernel_path == "lut_grouped"
+
+
+@pytest.mark.parametrize("route", ["openmp", "pool"])
+def test_threads_split_the_columns_without_changing_a_bit(route: str) -> None:
+    """A layer wide enough for several threads: its columns are split over the threads of the
+    process's OpenMP runtime (torch's, loaded here) or over the extension's own pool, and every
+    output equals the one-thread output bit for bit (each column is computed whole by one
+    thread, shares being whole 16 columns)."""
+    from qformat.kernels import _matmul
+
+    before = _matmul.threading()
+    _matmul.threading(int(route == "openmp"))
+    try:
+        if _matmul.threading() != route:
+            pytest.skip(f"no {route} route in this process")
+        n, k = 1000, 256  # not a multiple of 16: the last share has a tail
+        w = (np.random.default_rng(1).standard_normal((n, k)) * 0.05).astype(np.float32)
+        from qformat_torch.qtensor import TorchQTensor
+
+        ql = QLinear(TorchQTensor.from_qtensor(qformat.quantize(w, "nf4"), torch.device("cpu")), None)
+        p = kernels.LutGrouped().prepare(ql._parsed, ql.component_tensors(), "native")
+        t = p.tensors
+        for m in (1, 8):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16).float().numpy()
+            for bf16 in (False, True):
+                outs = []
+                for threads in (1, 2, 3):
+                    out = np.full((m, n), np.nan, np.float32)
+                    qk.matmul(x, t["codes"].numpy(), p.meta["kind"], t["table"].numpy(), p.meta["group"], None,
+                              t["scale"].numpy(), None, out, threads=threads, bf16=bf16)
+                    outs.append(out)
+                assert not np.isnan(outs[0]).any()
+                assert all(np.array_equal(o, outs[0]) for o in outs[1:]), (m, bf16)
+    finally:
+        _matmul.threading(int(before == "openmp"))
 
 
 def test_a_wrong_weight_fails_the_bound() -> None:
