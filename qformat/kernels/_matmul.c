@@ -19,10 +19,12 @@
  *   E5M2   OCP e5m2 via binary16 (its top byte) and F16C;
  *   LUT8   any other 256-entry table, by gather.
  *
- * Threads come from the caller: one call computes output columns [n0, n1) with the GIL
- * released; qformat.kernels splits N over its thread pool.  Every buffer size is checked before
- * the GIL is released.  Dispatch: AVX-512 (F, BW, VL, DQ) where the CPU has it and the shapes
- * allow (groups of a multiple of 16 columns), else AVX2+FMA+F16C where the CPU has them, else the
+ * One call computes output columns [n0, n1) with the GIL released, split into shares over the
+ * process's OpenMP threads or this file's pool (see pool_run).  Every buffer size is checked
+ * before the GIL is released.  Dispatch: AVX-512 (F, BW, VL, DQ) where the CPU has it and the
+ * shapes allow (groups of a multiple of 16 columns), with AVX512_VBMI byte planes for byte codes
+ * whose values are bfloat16 values, and for several rows of bfloat16 x (the caller's bf16x)
+ * AMX tiles or AVX512_BF16 dot products; else AVX2+FMA+F16C where the CPU has them, else the
  * portable scalar loop.
  */
 #define PY_SSIZE_T_CLEAN
@@ -45,6 +47,7 @@
 enum { K_NIB4 = 0, K_I8 = 1, K_U8 = 2, K_E4M3 = 3, K_E5M2 = 4, K_LUT8 = 5 };
 enum { LVL_GENERIC = 0, LVL_AVX2 = 1, LVL_AVX512 = 2 };
 static int g_amx_off = 0; /* the AMX path switched off (py_amx), with the GIL held */
+static int g_planes_off = 0; /* the VBMI byte-plane path switched off (py_planes), with the GIL held */
 #define MAXG 4096 /* largest group the scalar path's per-group weight buffer holds */
 
 typedef struct {
@@ -55,6 +58,7 @@ typedef struct {
     float *y;            /* [M, N] */
     Py_ssize_t M, K, N, g, n0, n1;
     int kind;
+    const uint8_t *planes; /* bfloat16 byte planes of the table (AVX512_VBMI byte path), or NULL */
 } mm_job;
 
 /* The element value of code c with the group's parameters, in SPEC.md's order. */
@@ -381,6 +385,8 @@ TGT static void rows_avx2(const mm_job *j, float *wrow) {
  * block of 32 columns spans two groups (g % 32 == 16: nvfp4's 16), the two folded tables are
  * one 32-entry table for vpermt2ps, the index's bit 4 naming the group of each lane. */
 #define TGT512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define TGTVB __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma,f16c")))
+#define TGTVBBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512bf16,avx2,fma,f16c")))
 
 /* x's K values in the even/odd order of each 32 columns (K % 32 == 0). */
 static void permute_eo(const float *x, float *xp, Py_ssize_t K) {
@@ -515,8 +521,15 @@ TGT512 static void row1_avx512(const mm_job *j, const float *xp) {
 #undef ROW512_FLAGS
 
 /* Weight row n formed into w (K binary32 values, permute_eo's order for 4-bit codes). */
+TGTVB static void form_row_vb(const mm_job *j, Py_ssize_t n, float *w);
+TGTVBBF static void form_row_vb_bf16(const mm_job *j, Py_ssize_t n, uint16_t *w);
+
 TGT512 static void form_row512(const mm_job *j, Py_ssize_t n, float *w) {
     const Py_ssize_t K = j->K, G = K / j->g, g = j->g;
+    if (j->planes) {
+        form_row_vb(j, n, w);
+        return;
+    }
     const int kind = j->kind, nib = kind == K_NIB4, hz = j->z != NULL, hs = j->s != NULL, hb = j->b != NULL;
     const __m512 tab = nib ? _mm512_loadu_ps(j->table) : _mm512_setzero_ps();
 #define STORE1(k, v) _mm512_storeu_ps(w + (k), (v))
@@ -576,6 +589,136 @@ TGT512 static void rows_avx512(const mm_job *j, const float *x, float *wrow) {
     }
 }
 
+/* ---- byte codes by bfloat16 byte planes (AVX512_VBMI) ----
+ * Where every one of the 256 element values is a bfloat16 value (fp8 e4m3 and e5m2, small
+ * integers such as converted Q5_K/Q6_K codes; checked per call on the table), the binary32 value
+ * of a code is its bfloat16 bits shifted up by 16: two 256-byte planes (the bits' low and high
+ * bytes) looked up for 64 codes at a time by vpermt2b (128 entries per lookup, the code's top
+ * bit choosing between two), then interleaved into binary32 with zero low halves.  13 shuffles
+ * per 64 weights where the fp8 conversion through binary16 took about 40 operations.  The
+ * interleave leaves each 64 columns in the order r*16 + 4L + i <- 16L + 4r + i (register r,
+ * 128-bit lane L), which x is permuted to once per call (permute_q64); parameters are per 16
+ * columns at least (g = 16, 32 or a multiple of 64), spread over the lanes to match. */
+
+static void permute_q64(const float *x, float *xq, Py_ssize_t K) {
+    Py_ssize_t b;
+    int r, L, i;
+    for (b = 0; b < K; b += 64)
+        for (r = 0; r < 4; r++)
+            for (L = 0; L < 4; L++)
+                for (i = 0; i < 4; i++) xq[b + 16 * r + 4 * L + i] = x[b + 16 * L + 4 * r + i];
+}
+
+/* The 4 x 16 element values of the 64 codes at p (permute_q64's order). */
+TGTVB static inline __attribute__((always_inline)) void planes64(const uint8_t *p, const __m512i pl[8], __m512 v[4]) {
+    const __m512i c = _mm512_loadu_si512((const void *)p);
+    const __mmask64 top = _mm512_movepi8_mask(c);
+    const __m512i lo = _mm512_mask_blend_epi8(top, _mm512_permutex2var_epi8(pl[0], c, pl[1]), _mm512_permutex2var_epi8(pl[2], c, pl[3]));
+    const __m512i hi = _mm512_mask_blend_epi8(top, _mm512_permutex2var_epi8(pl[4], c, pl[5]), _mm512_permutex2var_epi8(pl[6], c, pl[7]));
+    const __m512i w0 = _mm512_unpacklo_epi8(lo, hi), w1 = _mm512_unpackhi_epi8(lo, hi), z = _mm512_setzero_si512();
+    v[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, w0));
+    v[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, w0));
+    v[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, w1));
+    v[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, w1));
+}
+
+/* One parameter per lane for the 64 columns from k (permute_q64's order: lane 4L + i is column
+ * 16L + 4r + i, in group (k + 16L) / g). */
+TGTVB static inline __m512 pvec(const float *p, Py_ssize_t k, Py_ssize_t g) {
+    if (g == 16) return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castps128_ps512(_mm_loadu_ps(p + k / 16)));
+    if (g == 32) return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(p[k / 32]), _mm512_set1_ps(p[k / 32 + 1]));
+    return _mm512_set1_ps(p[k / g]);
+}
+
+/* Row n's weights, 64 columns at a time, handed to EMIT(k, v[4]). */
+#define FORM_ROW_VB(EMIT)                                                                                  \
+    do {                                                                                                   \
+        const uint8_t *wr_ = j->w + n * K;                                                                 \
+        const float *zr_ = j->z ? j->z + n * G : NULL, *sr_ = j->s ? j->s + n * G : NULL;                  \
+        const float *br_ = j->b ? j->b + n * G : NULL;                                                     \
+        Py_ssize_t k_;                                                                                     \
+        int i_;                                                                                            \
+        for (k_ = 0; k_ < K; k_ += 64) {                                                                   \
+            __m512 v_[4];                                                                                  \
+            planes64(wr_ + k_, pl, v_);                                                                    \
+            if (zr_) { const __m512 p_ = pvec(zr_, k_, g); for (i_ = 0; i_ < 4; i_++) v_[i_] = _mm512_sub_ps(v_[i_], p_); } \
+            if (sr_) { const __m512 p_ = pvec(sr_, k_, g); for (i_ = 0; i_ < 4; i_++) v_[i_] = _mm512_mul_ps(v_[i_], p_); } \
+            if (br_) { const __m512 p_ = pvec(br_, k_, g); for (i_ = 0; i_ < 4; i_++) v_[i_] = _mm512_add_ps(v_[i_], p_); } \
+            EMIT(k_, v_);                                                                                  \
+        }                                                                                                  \
+    } while (0)
+
+TGTVB static inline void load_planes(const uint8_t *planes, __m512i pl[8]) {
+    int i;
+    for (i = 0; i < 8; i++) pl[i] = _mm512_loadu_si512((const void *)(planes + 64 * i));
+}
+
+/* M = 1: four accumulators, one per register of a block. */
+TGTVB static void row1_vb(const mm_job *j, const float *xq) {
+    const Py_ssize_t K = j->K, G = K / j->g, g = j->g, ahead = pf_rows(K);
+    __m512i pl[8];
+    Py_ssize_t n;
+    load_planes(j->planes, pl);
+    for (n = j->n0; n < j->n1; n++) {
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        prefetch_row(j, n + ahead, K);
+#define ACCV(k, v)                                                                                   \
+    do {                                                                                             \
+        int r_;                                                                                      \
+        for (r_ = 0; r_ < 4; r_++) a[r_] = _mm512_fmadd_ps((v)[r_], _mm512_loadu_ps(xq + (k) + 16 * r_), a[r_]); \
+    } while (0)
+        FORM_ROW_VB(ACCV);
+#undef ACCV
+        j->y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+    }
+}
+
+/* Row n formed into w (binary32, permute_q64's order). */
+TGTVB static void form_row_vb(const mm_job *j, Py_ssize_t n, float *w) {
+    const Py_ssize_t K = j->K, G = K / j->g, g = j->g;
+    __m512i pl[8];
+    load_planes(j->planes, pl);
+#define STOREV(k, v)                                                                     \
+    do {                                                                                 \
+        int r_;                                                                          \
+        for (r_ = 0; r_ < 4; r_++) _mm512_storeu_ps(w + (k) + 16 * r_, (v)[r_]);         \
+    } while (0)
+    FORM_ROW_VB(STOREV);
+#undef STOREV
+}
+
+/* Row n formed and rounded to bfloat16 into w (permute_q64's order). */
+TGTVBBF static void form_row_vb_bf16(const mm_job *j, Py_ssize_t n, uint16_t *w) {
+    const Py_ssize_t K = j->K, G = K / j->g, g = j->g;
+    __m512i pl[8];
+    load_planes(j->planes, pl);
+#define STOREVB(k, v)                                                                                           \
+    do {                                                                                                        \
+        int r_;                                                                                                 \
+        for (r_ = 0; r_ < 4; r_++) _mm256_storeu_si256((__m256i *)(w + (k) + 16 * r_), (__m256i)_mm512_cvtneps_pbh((v)[r_])); \
+    } while (0)
+    FORM_ROW_VB(STOREVB);
+#undef STOREVB
+}
+
+/* The planes of a 256-entry table where every value is a bfloat16 value (else 0). */
+static int bf16_planes(const float *table, uint8_t *planes) {
+    int c;
+    for (c = 0; c < 256; c++) {
+        uint32_t u;
+        memcpy(&u, table + c, 4);
+        if (u & 0xFFFF) return 0;
+        planes[c] = (uint8_t)(u >> 16);
+        planes[256 + c] = (uint8_t)(u >> 24);
+    }
+    return 1;
+}
+
+static int cpu_vbmi(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi");
+}
+
 /* ---- bfloat16 dot products (AVX512_BF16), several rows of bfloat16 activations ----
  * Where x holds bfloat16 values (the caller says so) and the weights are in bfloat16's normal
  * range (the caller proves it), each formed binary32 weight is rounded to bfloat16 (round to
@@ -596,6 +739,10 @@ TGTBF static inline __m256i bf16_of(__m512 v) { return (__m256i)_mm512_cvtneps_p
 /* Weight row n formed and rounded to bfloat16 into w (K values, permute_eo's order for 4-bit codes). */
 TGTBF static void form_row_bf16(const mm_job *j, Py_ssize_t n, uint16_t *w) {
     const Py_ssize_t K = j->K, G = K / j->g, g = j->g;
+    if (j->planes) {
+        form_row_vb_bf16(j, n, w);
+        return;
+    }
     const int kind = j->kind, nib = kind == K_NIB4, hz = j->z != NULL, hs = j->s != NULL, hb = j->b != NULL;
     const __m512 tab = nib ? _mm512_loadu_ps(j->table) : _mm512_setzero_ps();
 #define STOREBF(k, v) _mm256_storeu_si256((__m256i *)(w + (k)), bf16_of(v))
@@ -756,19 +903,6 @@ TGTAMX static void tail_bf16(const mm_job *j, Py_ssize_t n, const uint16_t *xv, 
     }
 }
 
-/* Weight row n (the r-th of a block of 16) formed, rounded to bfloat16 and stored in tile
- * order: for each 32 columns, the 16 rows' 64-byte pieces together (wt[k / 32][r][k % 32]), so
- * that each A tile is one contiguous kilobyte. */
-TGTAMX static void form_row_tile(const mm_job *j, Py_ssize_t n, Py_ssize_t r, uint16_t *wt) {
-    const Py_ssize_t K = j->K, G = K / j->g, g = j->g;
-    const int kind = j->kind, nib = kind == K_NIB4, hz = j->z != NULL, hs = j->s != NULL, hb = j->b != NULL;
-    const __m512 tab = nib ? _mm512_loadu_ps(j->table) : _mm512_setzero_ps();
-    uint16_t *w = wt + r * 32;
-#define STORET(k, v) _mm256_storeu_si256((__m256i *)(w + ((k) >> 5) * 512 + ((k) & 31)), bf16_of(v))
-    FORM_ROW512(STORET);
-#undef STORET
-}
-
 TGTAMX static void rows_amx(const mm_job *j, const uint16_t *xv, uint16_t *wrow) {
     const Py_ssize_t K = j->K, M = j->M, N = j->N, chunks = (M + 15) / 16;
     const Py_ssize_t rowbytes = j->kind == K_NIB4 ? K / 2 : K;
@@ -782,13 +916,13 @@ TGTAMX static void rows_amx(const mm_job *j, const uint16_t *xv, uint16_t *wrow)
     for (n = j->n0; n + 15 < j->n1; n += 16) {
         for (r = 0; r < 16; r++) {
             prefetch_row(j, n + 16 + r, rowbytes);
-            form_row_tile(j, n + r, r, wrow);
+            form_row_bf16(j, n + r, wrow + r * K);
         }
         for (ch = 0; ch < chunks; ch++) {
             const uint16_t *xc = xv + ch * 16 * K;
             _tile_zero(0);
             for (k = 0; k < K; k += 32) {
-                _tile_loadd(1, wrow + k * 16, 64);
+                _tile_loadd(1, wrow + k, K * 2);
                 _tile_loadd(2, xc + k * 16, 64);
                 _tile_dpbf16ps(0, 1, 2);
             }
@@ -855,6 +989,8 @@ static void run_share(const mm_call *c, int i) {
         rows_amx(&j, c->xb, (uint16_t *)wrow);
     else if (c->usebf)
         rows_bf16(&j, c->xb, (uint16_t *)wrow);
+    else if (c->use512 && c->use_row1 && j.planes)
+        row1_vb(&j, c->xp);
     else if (c->use512 && c->use_row1)
         row1_avx512(&j, c->xp);
     else if (c->use512)
@@ -1057,6 +1193,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     mm_call call;
     float *xp = NULL, *wrow = NULL;
     uint16_t *xb = NULL;
+    uint8_t planes[512];
     mm_job j;
     (void)self;
     memset(bp, 0, sizeof bp);
@@ -1126,7 +1263,13 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
             FAIL(NULL);
         }
     }
-    if ((use_row1 || use512) && kind == K_NIB4) { /* x in the order the 4-bit weights are formed */
+#if QF_X86
+    /* byte codes whose 256 values are all bfloat16 values: the VBMI planes (see planes64) */
+    if (use512 && (kind == K_E4M3 || kind == K_E5M2 || kind == K_LUT8) && K % 64 == 0 && (g == 16 || g == 32 || g % 64 == 0) &&
+        !g_planes_off && cpu_vbmi() && bf16_planes(j.table, planes))
+        j.planes = planes;
+#endif
+    if ((use_row1 || use512) && (kind == K_NIB4 || j.planes)) { /* x in the order the weights are formed */
         const Py_ssize_t rows = use512 ? M : 1;
         xp = (float *)PyMem_RawMalloc((size_t)K * (size_t)rows * sizeof(float));
         if (!xp) {
@@ -1135,7 +1278,9 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
         }
         for (i = 0; i < rows; i++) {
 #if QF_X86
-            if (use512)
+            if (j.planes)
+                permute_q64(j.x + i * K, xp + i * K, K);
+            else if (use512)
                 permute_eo(j.x + i * K, xp + i * K, K);
             else
 #endif
@@ -1204,6 +1349,21 @@ static PyObject *py_threading(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(gomp_usable() ? "openmp" : QF_POOL ? "pool" : "none");
 }
 
+/* planes([flag]): whether byte codes with bfloat16 values take the AVX512_VBMI byte planes
+ * (where this CPU has VBMI); 0 switches them off (tests, benchmarks), 1 back on. */
+static PyObject *py_planes(PyObject *self, PyObject *args) {
+    int flag = -1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "|i", &flag)) return NULL;
+    if (flag == 0) g_planes_off = 1;
+    if (flag == 1) g_planes_off = 0;
+#if QF_X86
+    return PyBool_FromLong(!g_planes_off && cpu_level() == LVL_AVX512 && cpu_vbmi());
+#else
+    return PyBool_FromLong(0);
+#endif
+}
+
 static PyObject *py_cpu_bf16(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -1219,6 +1379,7 @@ static PyObject *py_cpu_level(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "x @ W^T with W packed (see the file's header)."},
     {"threading", py_threading, METH_VARARGS, "threading([openmp]): which threads run a call's shares (see the file)."},
+    {"planes", py_planes, METH_VARARGS, "planes([flag]): whether the AVX512_VBMI byte planes run; 0 switches them off, 1 back on."},
     {"amx", py_amx, METH_VARARGS, "amx([flag]): whether the AMX path runs; 0 switches it off, 1 back on."},
     {"cpu_bf16", py_cpu_bf16, METH_NOARGS, "Whether the AVX-512 level's bfloat16 dot products (AVX512_BF16) run on this CPU."},
     {"cpu_level", py_cpu_level, METH_NOARGS, "2 where the AVX-512 path runs, 1 where the AVX2+FMA+F16C one, else 0."},

@@ -2,7 +2,9 @@
 
 A kernel path maps a class of stored weights onto a CPU matmul kernel for packed weights:
 torch's own int4 and int8 ones, or qformat's (``lut_grouped``, ``qformat/kernels/_matmul.c``)
-for every other element of at most 8 bits.  Each path has
+for every element of at most 8 bits.  Order: torch's first, except where qformat's kernel runs
+at its AVX-512 level, where it goes first (measured faster there, and it keeps no repacked copy).
+Each path has
 
 - ``match(desc, device)``: structural -- does this descriptor (parsed) map onto the kernel;
 - ``prepare(desc, components)``: repack the weight into the kernel's own tensors, once, when the
@@ -29,6 +31,10 @@ zero points, float16 logical values that could be subnormal).  ``"decode"`` neve
 ``F.linear(x, W.to(x.dtype))`` bit for bit.  The outputs of a kernel differ from the decode
 path's: the kernel keeps the binary32 weight where F.linear rounds it to bfloat16, and sums in
 its own order (binary32 accumulation); see tests/readers/test_torch_kernels.py for the bound.
+``lut_grouped`` with several rows of bfloat16 activations on a CPU with AVX512_BF16 (and AMX)
+multiplies the weights rounded to bfloat16 -- the rounding F.linear does on the decode path --
+where every weight is proved in bfloat16's normal range (``Prepared.meta["bf16_normal"]``), with
+exact products and binary32 sums (:func:`error_bound` covers it).
 
 Torch's native ops used here are private (underscore) ATen ops.  Each is used only after a
 capability probe at first use (the op exists, accepts the call, and is right on a tiny input

@@ -49,6 +49,21 @@ with qk.use("auto"):
     #: Several bfloat16 rows of x at the AVX-512 level: AMX tiles where this CPU has them, and the
     #: AVX512_BF16 dot products (AMX switched off) -- both run here where AMX does.
     BF16_PATHS = (["amx"] if qk.matmul_amx() else []) + ["dot"]
+    #: Byte codes with bfloat16 values at the AVX-512 level: the AVX512_VBMI byte planes where this
+    #: CPU has them, and the conversion loop (planes switched off) -- both run here where VBMI does.
+    from qformat.kernels import _matmul as _mm
+
+    BYTE_PATHS = (["planes"] if _mm.planes() else []) + ["convert"]
+
+
+@contextlib.contextmanager
+def _byte_path(name: str):
+    before = _mm.planes()
+    _mm.planes(int(name == "planes"))
+    try:
+        yield
+    finally:
+        _mm.planes(int(before))
 
 
 @contextlib.contextmanager
@@ -86,16 +101,19 @@ def _decoded(ql: QLinear) -> torch.Tensor:
     return ql.dequantize_weight().to(torch.float32)
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level, byte_path", [(lv, "convert") for lv in LEVELS] + [("avx512", p) for p in BYTE_PATHS if p != "convert"])
+@pytest.mark.parametrize("rows", [K, 1])
 @pytest.mark.parametrize("scheme, params", CASES)
-def test_kernel_weights_equal_the_decoded_weights_bit_for_bit(scheme: str, params: dict, level: str) -> None:
+def test_kernel_weights_equal_the_decoded_weights_bit_for_bit(scheme: str, params: dict, level: str, byte_path: str, rows: int) -> None:
+    """With one-hot rows of x the output is the weights; ``rows=1`` sends each one-hot row alone
+    (the one-row loop forms weights on its own code path)."""
     ql = _layer(scheme, params)
     assert ql.kernel_path in ("lut_grouped", "int4_grouped", "int8_per_channel")
     p = kernels.LutGrouped().prepare(ql._parsed, ql.component_tensors(), "native")
     assert p is not None and p.exact
     eye = torch.eye(K, dtype=torch.float32)
-    with qk.use(level):
-        got = p.path.forward(p, eye).T  # [N, K]: row n of W, one column per one-hot row of x
+    with qk.use(level), _byte_path(byte_path):
+        got = torch.cat([p.path.forward(p, eye[i:i + rows]) for i in range(0, K, rows)]).T  # [N, K]: row n of W
     want = _decoded(ql)
     nan = torch.isnan(want)
     assert torch.equal(torch.isnan(got), nan)
