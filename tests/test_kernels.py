@@ -570,6 +570,42 @@ def test_sanitized_matmul_kernel(tmp_path):
     assert r.stdout.startswith("runs"), r.stdout
 
 
+_POOL_AFTER_FORK = """
+import multiprocessing as mp, os, numpy as np
+from qformat import kernels as qk
+assert qk.info()["matmul"]["threads"] == "pool", qk.info()  # no OpenMP runtime in this process
+rng = np.random.default_rng(0)
+codes = rng.integers(0, 256, (1024, 128), dtype=np.uint8)
+tab = rng.standard_normal(16).astype(np.float32)
+s = rng.standard_normal((1024, 8)).astype(np.float32)
+x = rng.standard_normal((3, 256)).astype(np.float32)
+def run(threads):
+    y = np.full((3, 1024), np.nan, np.float32)
+    qk.matmul(x, codes, "nib4", tab, 32, None, s, None, y, threads=threads)
+    return y
+y1 = run(1)
+assert all(np.array_equal(run(t), y1) for t in (2, 3, 4))
+def child():
+    os._exit(0 if np.array_equal(run(2), y1) else 3)
+p = mp.get_context("fork").Process(target=child)
+p.start()
+p.join(60)
+print("child", p.exitcode)
+"""
+
+
+@native
+def test_matmul_pool_splits_columns_and_survives_fork():
+    """Without an OpenMP runtime in the process the matmul's shares run on the extension's own
+    pool: 2-4 threads give the one-thread output bit for bit, and a child forked after the pool
+    ran (its workers not copied) gets its own pool and the same output."""
+    if not kernels.matmul_available():
+        pytest.skip("the matmul extension is not built")
+    r = subprocess.run([sys.executable, "-c", _POOL_AFTER_FORK], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0 and r.stdout.strip() == "child 0", (r.stdout, r.stderr[-3000:])
+
+
 @native
 def test_bench_kernels_section_rows():
     """bench/kernels.py (the decode-per-scheme rows against np.copyto) on tiny data: a row per
