@@ -52,24 +52,13 @@ TOOLS = ("llama-perplexity", "llama-tokenize", "llama-quantize", "llama-imatrix"
 # - No network (CURL, OpenSSL), no server, tests or examples: fewer targets to configure.
 # - GGML_OPENMP=OFF: ggml's own thread pool, so no OpenMP runtime is needed; GGML_CCACHE=OFF so
 #   the build does not depend on (or warn about) ccache.
-BUILD_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DBUILD_SHARED_LIBS=OFF",
-    "-DGGML_NATIVE=OFF",
-    "-DGGML_SSE42=OFF",
-    "-DGGML_AVX=OFF",
-    "-DGGML_AVX2=OFF",
-    "-DGGML_BMI2=OFF",
-    "-DGGML_FMA=OFF",
-    "-DGGML_F16C=OFF",
-    "-DGGML_OPENMP=OFF",
-    "-DGGML_CCACHE=OFF",
-    "-DLLAMA_CURL=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
-)
+#: The options every build takes, before and after its instruction-set ones (bench/llama_cpp_speed.py's
+#: native build shares them).
+BUILD_HEAD = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF")
+BUILD_TAIL = ("-DGGML_OPENMP=OFF", "-DGGML_CCACHE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF")
+BUILD_FLAGS = BUILD_HEAD + ("-DGGML_NATIVE=OFF", "-DGGML_SSE42=OFF", "-DGGML_AVX=OFF", "-DGGML_AVX2=OFF", "-DGGML_BMI2=OFF",
+                            "-DGGML_FMA=OFF", "-DGGML_F16C=OFF") + BUILD_TAIL
 
 CONFIGURE_TIMEOUT_S = 600
 BUILD_TIMEOUT_S = 3 * 3600  # about 14 minutes on 2 cores here; slow CI machines get headroom

@@ -249,3 +249,14 @@ def test_torch_fast_decode_into_misaligned_out_and_one_long_row(numpy_path):
             assert same_bits(tdecode.decode(desc, tsrc).numpy(), want)
         finally:
             tdecode.FAST_CHUNK_ELEMENTS = old
+
+
+def test_llama_cpp_speed_build_shares_the_tests_build_options():
+    """The speed build is the tests' build (tests/llama_cpp.py) with the native instruction set:
+    the same options before and after it, so the two never drift apart."""
+    from bench.llama_cpp_speed import FLAGS
+    from tests.llama_cpp import BUILD_HEAD, BUILD_TAIL
+
+    assert FLAGS[:len(BUILD_HEAD)] == BUILD_HEAD
+    assert FLAGS[len(BUILD_HEAD)] == "-DGGML_NATIVE=ON"
+    assert FLAGS[len(BUILD_HEAD) + 1:len(BUILD_HEAD) + 1 + len(BUILD_TAIL)] == BUILD_TAIL

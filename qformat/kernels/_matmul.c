@@ -262,31 +262,32 @@ TGT static inline __attribute__((always_inline)) void row1_body(const mm_job *j,
     }
 }
 
-/* row1_body with the code kind and the parameters' presence as constants (no tests in the
- * inner loops: measured 2x on the e5m2 path). */
-#define ROW1_FLAGS(KIND)                                      \
-    switch (flags) {                                          \
-    case 0: row1_body(j, xp, KIND, 0, 0, 0); break;           \
-    case 1: row1_body(j, xp, KIND, 0, 0, 1); break;           \
-    case 2: row1_body(j, xp, KIND, 0, 1, 0); break;           \
-    case 3: row1_body(j, xp, KIND, 0, 1, 1); break;           \
-    case 4: row1_body(j, xp, KIND, 1, 0, 0); break;           \
-    case 5: row1_body(j, xp, KIND, 1, 0, 1); break;           \
-    case 6: row1_body(j, xp, KIND, 1, 1, 0); break;           \
-    default: row1_body(j, xp, KIND, 1, 1, 1); break;          \
+/* BODY(j, xp, kind, hz, hs, hb) with the code kind and the parameters' presence as constants
+ * (no tests in the inner loops: measured 2x on the e5m2 path); the one-row loops of both levels. */
+#define FLAGS_SWITCH(BODY, KIND)                           \
+    switch (flags) {                                       \
+    case 0: BODY(j, xp, KIND, 0, 0, 0); break;             \
+    case 1: BODY(j, xp, KIND, 0, 0, 1); break;             \
+    case 2: BODY(j, xp, KIND, 0, 1, 0); break;             \
+    case 3: BODY(j, xp, KIND, 0, 1, 1); break;             \
+    case 4: BODY(j, xp, KIND, 1, 0, 0); break;             \
+    case 5: BODY(j, xp, KIND, 1, 0, 1); break;             \
+    case 6: BODY(j, xp, KIND, 1, 1, 0); break;             \
+    default: BODY(j, xp, KIND, 1, 1, 1); break;            \
     }
-TGT static void row1_avx2(const mm_job *j, const float *xp) {
-    const int flags = (j->z != NULL) << 2 | (j->s != NULL) << 1 | (j->b != NULL);
-    switch (j->kind) {
-    case K_NIB4: ROW1_FLAGS(K_NIB4) break;
-    case K_I8: ROW1_FLAGS(K_I8) break;
-    case K_U8: ROW1_FLAGS(K_U8) break;
-    case K_E4M3: ROW1_FLAGS(K_E4M3) break;
-    case K_E5M2: ROW1_FLAGS(K_E5M2) break;
-    default: ROW1_FLAGS(K_LUT8) break;
-    }
-}
-#undef ROW1_FLAGS
+#define KINDS_SWITCH(BODY)                                                              \
+    do {                                                                                \
+        const int flags = (j->z != NULL) << 2 | (j->s != NULL) << 1 | (j->b != NULL);   \
+        switch (j->kind) {                                                              \
+        case K_NIB4: FLAGS_SWITCH(BODY, K_NIB4) break;                                  \
+        case K_I8: FLAGS_SWITCH(BODY, K_I8) break;                                      \
+        case K_U8: FLAGS_SWITCH(BODY, K_U8) break;                                      \
+        case K_E4M3: FLAGS_SWITCH(BODY, K_E4M3) break;                                  \
+        case K_E5M2: FLAGS_SWITCH(BODY, K_E5M2) break;                                  \
+        default: FLAGS_SWITCH(BODY, K_LUT8) break;                                      \
+        }                                                                               \
+    } while (0)
+TGT static void row1_avx2(const mm_job *j, const float *xp) { KINDS_SWITCH(row1_body); }
 
 /* Weight row n formed into `w` (K binary32 values), each weight as the scalar steps form it. */
 TGT static void form_row(const mm_job *j, Py_ssize_t n, float *w) {
@@ -496,29 +497,7 @@ TGT512 static inline __attribute__((always_inline)) void row1_512_body(const mm_
     }
 }
 
-#define ROW512_FLAGS(KIND)                                    \
-    switch (flags) {                                          \
-    case 0: row1_512_body(j, xp, KIND, 0, 0, 0); break;       \
-    case 1: row1_512_body(j, xp, KIND, 0, 0, 1); break;       \
-    case 2: row1_512_body(j, xp, KIND, 0, 1, 0); break;       \
-    case 3: row1_512_body(j, xp, KIND, 0, 1, 1); break;       \
-    case 4: row1_512_body(j, xp, KIND, 1, 0, 0); break;       \
-    case 5: row1_512_body(j, xp, KIND, 1, 0, 1); break;       \
-    case 6: row1_512_body(j, xp, KIND, 1, 1, 0); break;       \
-    default: row1_512_body(j, xp, KIND, 1, 1, 1); break;      \
-    }
-TGT512 static void row1_avx512(const mm_job *j, const float *xp) {
-    const int flags = (j->z != NULL) << 2 | (j->s != NULL) << 1 | (j->b != NULL);
-    switch (j->kind) {
-    case K_NIB4: ROW512_FLAGS(K_NIB4) break;
-    case K_I8: ROW512_FLAGS(K_I8) break;
-    case K_U8: ROW512_FLAGS(K_U8) break;
-    case K_E4M3: ROW512_FLAGS(K_E4M3) break;
-    case K_E5M2: ROW512_FLAGS(K_E5M2) break;
-    default: ROW512_FLAGS(K_LUT8) break;
-    }
-}
-#undef ROW512_FLAGS
+TGT512 static void row1_avx512(const mm_job *j, const float *xp) { KINDS_SWITCH(row1_512_body); }
 
 /* Weight row n formed into w (K binary32 values, permute_eo's order for 4-bit codes). */
 TGTVB static void form_row_vb(const mm_job *j, Py_ssize_t n, float *w);
