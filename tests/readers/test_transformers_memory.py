@@ -91,9 +91,14 @@ _CHILD = textwrap.dedent("""
         native = [m for m in q if m.kernel_path != "decode"]
         out["native"] = len(native)
         # components of a layer on a native kernel path, when they are views of the mapped file
-        # (loading a packed checkpoint), gave their pages back and the forward never reads them
+        # (loading a packed checkpoint), gave their pages back and the forward never reads them --
+        # except those the kernel reads in place (qformat's kernel shares plain codes): resident
+        def released(m):
+            shared = {t.untyped_storage().data_ptr() for t in m.kernel_tensors.values()}
+            return sum(t.numel() * t.element_size() for t in m.component_tensors().values()
+                       if t.untyped_storage().data_ptr() not in shared)
         skip = {b.data_ptr() for m in native for b in m.buffers(recurse=False)} if mode == "load" else set()
-        out["released"] = sum(m.packed_nbytes for m in native) if mode == "load" else 0
+        out["released"] = sum(released(m) for m in native) if mode == "load" else 0
         out["linears"] = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
         # read every page of every tensor the forward uses (a strided sum: no copy of the tensor)
         used = [t for t in list(model.parameters()) + list(model.buffers()) if t.data_ptr() not in skip]
