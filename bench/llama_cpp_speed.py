@@ -26,10 +26,9 @@ layers, intermediate 2816, vocabulary 32000, untied head; bf16), written with
 ``save_pretrained``, next to a small byte-level BPE tokenizer (``tests/gguf_models.tokenizer``,
 320 tokens; the exporter pads the GGUF vocabulary to the model's 32000 with llama.cpp's unused
 ``[PAD<i>]`` tokens).  llama-bench feeds token ids, never text, so the vocabulary only has to load.
-The 1-D tensors (RMS norm weights) are cast to float32 in that folder first, exactly (see
-:func:`norms_f32`: llama.cpp aborts on a BF16 norm weight, and llama.cpp's converter writes them
-F32 too).  The GGUF files are made by qformat itself, the route a qformat user takes, all
-bit-exact:
+The GGUF files are made by qformat itself, the route a qformat user takes, all bit-exact (the
+exporter writes 1-D BF16 tensors, the RMS norm weights, as F32 as llama.cpp's converter does:
+llama.cpp aborted on a BF16 norm weight):
 
 - ``BF16``: ``qformat export --to gguf`` of the bf16 folder, every tensor as itself: the baseline
   (the ``generate`` section's baseline is bf16 too);
@@ -164,23 +163,6 @@ def _qformat(*args: Any) -> None:
     _run([sys.executable, "-m", "qformat", *args, "--quiet"], f"qformat {args[0]}", cwd=ROOT)
 
 
-def norms_f32(hf: Path) -> int:
-    """Rewrite the folder's 1-D tensors (the RMS norms' weights) as float32, an exact cast, as
-    llama.cpp's converter writes them: ggml's CPU ``MUL`` takes an F32 or F16 activation times a
-    weight of the same type or F32 only, so a BF16 norm weight aborts llama.cpp on the first
-    forward (``binary_op: unsupported types: dst: f32, src0: f32, src1: bf16``), and qformat's
-    exporter keeps each tensor's dtype.  Returns how many tensors were cast."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    f = hf / "model.safetensors"
-    tensors = load_file(str(f))
-    cast = [k for k, v in tensors.items() if v.dim() == 1 and v.dtype != torch.float32]
-    tensors.update({k: tensors[k].float() for k in cast})
-    save_file(tensors, str(f), metadata={"format": "pt"})
-    return len(cast)
-
-
 def make_ggufs(base: Path, quick: bool, tools: Path) -> dict[str, tuple[Path, str]]:
     """Row name -> (GGUF file, how it was made), baseline first (see the module docstring)."""
     if str(ROOT) not in sys.path:
@@ -195,7 +177,6 @@ def make_ggufs(base: Path, quick: bool, tools: Path) -> dict[str, tuple[Path, st
     model = build(cfg)
     model.save_pretrained(hf)
     del model
-    norms_f32(hf)
     tokenizer(hf)
     out: dict[str, tuple[Path, str]] = {}
     pre = ("--gguf-pre", "default")  # the trained tokenizer has no llama.cpp pre-tokenizer name

@@ -113,7 +113,9 @@ class Parts:
     def decoded(self, own_dtype: bool = False) -> np.ndarray:
         """The tensor decoded (§10) in binary32, before the conversion to its logical dtype
         (``own_dtype``: converted to the logical dtype and widened back, as a nested parameter's
-        values are)."""
+        values are).  A plain tensor (no descriptor): its stored values widened to binary32."""
+        if self.desc is None:
+            return np.asarray(self.src.array(self.name)).astype(np.float32)
         if own_dtype:
             out = decode_full(self.desc, self.src, tensor=self.name)
             return np.asarray(out).astype(np.float32)

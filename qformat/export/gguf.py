@@ -11,7 +11,9 @@ descriptor has that type's arithmetic (SPEC.md Appendix D, ``qformat/export/mapp
   ``d``, a nested subtracted minimum times ``dmin``): ``Q2_K`` ... ``Q6_K``;
 - E2M1 codes (or gguf-py's codebook) with an ``F8_E8M0`` scale per 32, or the converter's form
   with ggml's exponent table: ``MXFP4``;
-- plain ``F32``/``F16``/``BF16``/``F64``/``I8``/``I16``/``I32``/``I64`` tensors as themselves.
+- plain ``F32``/``F16``/``BF16``/``F64``/``I8``/``I16``/``I32``/``I64`` tensors as themselves,
+  except 1-D ``F16``/``BF16`` ones (norm weights, biases), widened exactly to ``F32`` as
+  llama.cpp's own converter writes them (its CPU backend aborts on a BF16 norm weight).
 
 The block layouts are the converter's tables (:data:`qformat.convert.gguf.TYPES`), run the
 other way: codes are OR-ed into their bits of each block (:func:`_insert`), ``d``/``m``/``dmin``
@@ -385,6 +387,15 @@ def _plain(name: str, out: str, ctx: Context) -> Mapped:
     assert ggml is not None
     shape = tuple(int(s) for s in info.shape)
     require(1 <= len(shape) <= MAX_DIMS, f"rank {len(shape)}; GGUF tensors have 1 to {MAX_DIMS} axes")
+    if len(shape) == 1 and ggml in ("F16", "BF16"):
+        # 1-D float tensors (norm weights, biases) as F32, as llama.cpp's own converter writes
+        # them: its CPU backend has no f32 x bf16 elementwise op and aborted on a BF16 norm
+        # weight (`binary_op: unsupported types`); the widening is exact, and checked
+        def build32(parts: Parts) -> Mapping[str, np.ndarray]:
+            return {out: np.asarray(parts.src.array(name)).astype(np.float32)}
+
+        return Mapped("F32", [TensorSpec(out, "F32", shape)], build32, lambda a: np.asarray(a[out], np.float32),
+                      {"ggml_type": "F32", "widened_from": ggml})
 
     def build(parts: Parts) -> Mapping[str, np.ndarray]:
         return {out: np.asarray(parts.src.array(name))}

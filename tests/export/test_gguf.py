@@ -172,7 +172,8 @@ def test_qformat_schemes_export_exactly(scheme: str, params: dict, ggml: str, tm
         x = np.where(np.abs(x) < 0.25 * np.abs(x).max(axis=1, keepdims=True), np.abs(x), x)  # no negative value rounds to -0
     q = qformat.quantize(x, scheme, **params)
     src = tmp_path / "src.safetensors"
-    qformat.save_file({"w": q, "b": rng.standard_normal(128).astype(np.float16)}, src)
+    e = rng.standard_normal((3, 128)).astype(np.float16)
+    qformat.save_file({"w": q, "b": rng.standard_normal(128).astype(np.float16), "e": e}, src)
     out = tmp_path / "w.gguf"
     rep = export(src, out, to="gguf")
     assert rep.to_dict()["exact"] is True
@@ -180,8 +181,12 @@ def test_qformat_schemes_export_exactly(scheme: str, params: dict, ggml: str, tm
     (w,) = [t for t in r.tensors if t.name == "w"]
     assert w.tensor_type.name == ggml and [int(s) for s in w.shape] == [128, 6]
     assert _same(_dequant(w), np.asarray(qformat.load_file(src)["w"], np.float32))
+    # a 1-D float16 tensor (a norm weight, a bias) is widened to F32 as llama.cpp's converter
+    # writes it (its CPU backend aborts on a BF16 norm weight), exactly; 2-D plain tensors stay
     (b,) = [t for t in r.tensors if t.name == "b"]
-    assert b.tensor_type == T.F16 and np.asarray(b.data).tobytes() == qformat.load_file(src)["b"].tobytes()
+    assert b.tensor_type == T.F32 and np.array_equal(np.asarray(b.data), qformat.load_file(src)["b"].astype(np.float32))
+    (e2,) = [t for t in r.tensors if t.name == "e"]
+    assert e2.tensor_type == T.F16 and np.asarray(e2.data).tobytes() == e.tobytes()
     assert "general.architecture" not in r.fields  # no config.json: names and nothing else
 
 
