@@ -148,15 +148,13 @@ def tools_dir(build: bool) -> tuple[Path, dict[str, Any]]:
 
 
 def _run(cmd: list[Any], what: str, timeout: float = TIMEOUT_S, cwd: Path | None = None) -> str:
-    argv = [str(c) for c in cmd]
+    """``cmd``'s stdout, through the tests' runner (timeout, output tails on failure); a failure
+    is a :class:`Skip` naming ``what``."""
+    L = _lc()
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=cwd)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise Skip(f"{what}: {' '.join(argv)}: {e}") from None
-    if p.returncode != 0:
-        tail = "\n".join((p.stderr or p.stdout).rstrip().splitlines()[-15:])
-        raise Skip(f"{what} failed (exit status {p.returncode}): {' '.join(argv)}\n{tail}")
-    return p.stdout
+        return str(L.run(cmd, timeout=timeout, cwd=cwd).stdout)
+    except (OSError, L.LlamaCppError) as e:
+        raise Skip(f"{what} failed: {e}") from None
 
 
 def _qformat(*args: Any) -> None:

@@ -203,7 +203,8 @@ def matmul(x: Any, codes: Any, kind: str, table: Any, group: int, zero: Any, sca
     values; ``zero``/``scale``/``bias``: float32 ``[N, K/group]`` or None, applied in that order
     with binary32 steps (each weight equals qformat's decoded binary32 weight; the sums use FMA
     in the kernel's order); ``out``: C-contiguous float32 ``[M, N]``.  The N columns are split
-    over ``threads`` threads (default: the CPU count, at most 8), the extension's own.
+    over ``threads`` threads (default: the CPU count, at most 8): the process's OpenMP threads
+    where an OpenMP runtime (torch's) is loaded, else the extension's own pool (``_matmul.c``).
 
     ``bf16=True`` says that ``x`` holds bfloat16 values and that every nonzero weight is within
     bfloat16's normal range: several rows of x may then be multiplied with bfloat16 dot products

@@ -729,17 +729,21 @@ TGTBF static void form_row_bf16(const mm_job *j, Py_ssize_t n, uint16_t *w) {
 #undef STOREBF
 }
 
+/* The lanes of v holding a subnormal value (exponent bits all zero, not zero): vdpbf16ps and
+ * tdpbf16ps would take them as zero. */
+TGTBF static inline __mmask16 subnormal16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    return _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7F800000)) & _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7FFFFFFF));
+}
+
 /* x's M x K values as bfloat16 bits (round to nearest even: exact for bfloat16 values); 0 where
- * a value is subnormal (vdpbf16ps would take it as zero), else 1. */
+ * a value is subnormal, else 1. */
 TGTBF static int x_bf16(const float *x, Py_ssize_t n, uint16_t *out) {
     Py_ssize_t i;
     __mmask16 sub = 0;
-    const __m512i expo = _mm512_set1_epi32(0x7F800000), mag = _mm512_set1_epi32(0x7FFFFFFF);
     for (i = 0; i < n; i += 16) {
         const __m512 v = _mm512_loadu_ps(x + i);
-        const __m512i u = _mm512_castps_si512(v);
-        /* subnormal: exponent bits all zero and not zero */
-        sub |= _mm512_testn_epi32_mask(u, expo) & _mm512_test_epi32_mask(u, mag);
+        sub |= subnormal16(v);
         _mm256_storeu_si256((__m256i *)(out + i), bf16_of(v));
     }
     return sub == 0;
@@ -836,19 +840,17 @@ typedef struct {
  * rows past M), K/2 tile rows of 16 pairs: xv[c][p][i][h] = x[16c + i][2p + h] in bfloat16. */
 TGTAMX static int x_pairs(const float *x, Py_ssize_t M, Py_ssize_t K, uint16_t *xv) {
     const Py_ssize_t chunks = (M + 15) / 16;
-    Py_ssize_t c, p, i;
+    Py_ssize_t p, i;
     __mmask16 sub = 0;
-    const __m512i expo = _mm512_set1_epi32(0x7F800000), mag = _mm512_set1_epi32(0x7FFFFFFF);
     memset(xv, 0, (size_t)chunks * 16 * (size_t)K * sizeof(uint16_t));
     for (i = 0; i < M; i++) {
         const float *xr = x + i * K;
         uint16_t *dst = xv + (i / 16) * 16 * K + (i % 16) * 2;
         for (p = 0; p < K; p += 16) {
             const __m512 v = _mm512_loadu_ps(xr + p);
-            const __m512i u = _mm512_castps_si512(v);
             uint16_t b[16];
             int h;
-            sub |= _mm512_testn_epi32_mask(u, expo) & _mm512_test_epi32_mask(u, mag);
+            sub |= subnormal16(v);
             _mm256_storeu_si256((__m256i *)b, bf16_of(v));
             for (h = 0; h < 16; h += 2) { /* columns p + h, p + h + 1: one pair, tile row (p + h) / 2 */
                 uint16_t *d = dst + ((p + h) / 2) * 32;
@@ -857,7 +859,6 @@ TGTAMX static int x_pairs(const float *x, Py_ssize_t M, Py_ssize_t K, uint16_t *
             }
         }
     }
-    (void)c;
     return sub == 0;
 }
 

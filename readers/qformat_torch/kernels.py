@@ -527,7 +527,7 @@ class LutGrouped(KernelPath):
             if role == "bias" and prm.op == "subtract":
                 params[role].neg_()  # x - b and x + (-b) are the same binary32 operation
         span = self._weight_span(lut[:valid], params, nib)
-        rel, other = self._logical_rounding(desc.dtype, lut[:valid], params, nib, span)
+        rel, other = self._logical_rounding(desc.dtype, span)
         if not _allowed(policy, rel, other):
             return None
         codes = self._codes(desc, comps, nib)
@@ -547,8 +547,7 @@ class LutGrouped(KernelPath):
     NORMAL = {"bfloat16": (2.0**-126, 3.3895313892515355e38), "float16": (2.0**-14, 65504.0)}
 
     @classmethod
-    def _logical_rounding(cls, dtype: str, values: np.ndarray, params: dict[str, torch.Tensor], nib: bool,
-                          span: tuple[float, float] | None = None) -> tuple[list[str], list[str]]:
+    def _logical_rounding(cls, dtype: str, span: tuple[float, float] | None) -> tuple[list[str], list[str]]:
         """(relative roundings, other roundings) between the kernel's binary32 weights and the
         decoded ones, which the logical dtype rounds: relative where every nonzero finite weight
         the codes and parameters can form lies in the dtype's normal range (``span``, from
@@ -726,17 +725,15 @@ def select(desc: Descriptor, comps: dict[str, torch.Tensor], device: torch.devic
     ``policy`` (see the module doc), or None (decode)."""
     if policy == "decode":
         return None
-    # torch's kernels take bfloat16 activations only; a float32 model's activations are float32,
-    # which qformat's kernel takes (bfloat16 ones too), so it goes first there
-    paths = PATHS if desc.dtype != "float32" else sorted(PATHS, key=lambda p: torch.float32 not in p.dtypes)
     from qformat import kernels as qk
 
-    if qk.matmul_available() and qk.matmul_level() == 2:
-        # qformat's kernel at the AVX-512 level measured at least as fast as torch's int4 and
-        # int8 ones (bench `generate`, 2-core AVX-512 machine: int8 per channel 1.60x bf16 against
-        # 1.29x at one token, 1.06x against 0.72x at an 8-token prompt; int4 g128 2.03x against
-        # 1.97x), and holds no repacked copy of the weight: it goes first there
-        paths = sorted(paths, key=lambda p: p.name != "lut_grouped")
+    # qformat's kernel goes first (a stable sort keeps the rest in order) for a float32 model,
+    # whose float32 activations torch's kernels do not take, and where it runs at its AVX-512
+    # level: measured at least as fast as torch's int4 and int8 kernels there (bench `generate`,
+    # 2-core AVX-512 machine: int8 per channel 1.60x bf16 against 1.29x at one token, 1.06x
+    # against 0.72x at an 8-token prompt; int4 g128 2.03x against 1.97x), holding no repacked copy
+    first = desc.dtype == "float32" or (qk.matmul_available() and qk.matmul_level() == 2)
+    paths = sorted(PATHS, key=lambda p: p.name != LutGrouped.name) if first else PATHS
     for path in paths:
         if not path.match(desc, device) or not probe(path):
             continue

@@ -56,24 +56,23 @@ with qk.use("auto"):
     BYTE_PATHS = (["planes"] if _mm.planes() else []) + ["convert"]
 
 
-@contextlib.contextmanager
 def _byte_path(name: str):
-    before = _mm.planes()
-    _mm.planes(int(name == "planes"))
-    try:
-        yield
-    finally:
-        _mm.planes(int(before))
+    return _switched(_mm.planes, name == "planes")
 
 
 @contextlib.contextmanager
-def _bf16_path(name: str):
-    before = qk.matmul_amx()
-    qk.matmul_amx(name == "amx")
+def _switched(switch, on: bool):
+    """``switch(flag)`` (qk.matmul_amx, _matmul.planes: no argument reads it) set inside the block."""
+    before = bool(switch())
+    switch(int(on))
     try:
         yield
     finally:
-        qk.matmul_amx(before)
+        switch(int(before))
+
+
+def _bf16_path(name: str):
+    return _switched(qk.matmul_amx, name == "amx")
 N, K = 96, 256
 
 
