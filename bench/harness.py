@@ -702,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="decode,kernels,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
                     help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py; "
                          "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py; remote, bench/remote.py; "
+                         "headers, bench/headers.py; "
                          "llama_cpp_speed, bench/llama_cpp_speed.py; "
                          "multihost_jax, tp_torch, split_convert: bench/multihost_jax.py, tp_torch.py, split_convert.py, or all three as multihost)")
     ap.add_argument("--checkpoint-gb", default="0.5,1,2,4", help="source sizes of the checkpoint section (GiB, comma-separated)")
@@ -712,6 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf-quantize-presets", default=None,
                     help="presets of the gguf_quantize section (comma-separated; P+imatrix: with an importance matrix; "
                     "default: bench/gguf_quantize.py's DEFAULT_PRESETS)")
+    ap.add_argument("--headers-tensors", type=int, default=100_000, help="tensors per file of the headers section (--quick: 1000)")
     ap.add_argument("--check-gb", type=float, default=4.0, help="size of the checked file (GiB)")
     ap.add_argument("--tmp", default=None, help="folder for the big temporary files (default: the system's)")
     a = ap.parse_args(argv)
@@ -763,6 +765,10 @@ def main(argv: list[str] | None = None) -> int:
             from .remote import bench_remote
 
             bench_remote(run, tmp, a.quick)
+        if "headers" in only:
+            from .headers import bench_headers
+
+            bench_headers(run, tmp, 1000 if a.quick else a.headers_tensors)
         # issue 27: several processes (each section starts its own; "multihost" runs all three)
         if only & {"multihost", "multihost_jax"}:
             from .multihost_jax import bench_multihost_jax

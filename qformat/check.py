@@ -26,7 +26,8 @@ from .descriptor import Descriptor, Param, codes_shape
 from .validate import INT_PARAM_DTYPES
 from .errors import QFormatError, error
 from .sources import FileSource
-from .index import INDEX_SUFFIX, mismatches, scan_index
+from .index import INDEX_SUFFIX, is_index, mismatches, scan_index
+from .redact import scrub, shown
 from .model import interpret
 from .packing import pack_rows, unpack_rows
 
@@ -45,7 +46,10 @@ class Problem:
     message: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "file": self.file, "tensor": self.tensor, "field": self.field, "message": self.message}
+        """The problem as ``check --json`` records it: a URL in ``file`` or the message shown by
+        :func:`qformat.redact.shown` (no user-info, no query)."""
+        return {"code": self.code, "file": None if self.file is None else shown(self.file), "tensor": self.tensor,
+                "field": self.field, "message": scrub(self.message)}
 
 
 @dataclass
@@ -60,7 +64,7 @@ class FileReport:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "ok": self.ok, "quantized_tensors": self.quantized, "plain_tensors": self.plain,
+        return {"path": shown(self.path), "ok": self.ok, "quantized_tensors": self.quantized, "plain_tensors": self.plain,
                 "problems": [p.to_dict() for p in self.problems]}
 
 
@@ -382,16 +386,15 @@ class Admission:
                     self.digested[name] = (path, header, model)
 
     def _problems(self, name: str, src: Any) -> list[QFormatError]:
-        """check's payload problems of ``name``, then its digest mismatches (SPEC.md §3.8: every
-        command verifies the digests of what it reads, on the tensor's first read; an algorithm
-        this reader lacks is not a refusal here, since nothing says the bytes are wrong)."""
+        """check's payload problems of ``name``, then its digest problems (SPEC.md §3.8: every
+        command verifies the digests of what it reads, on the tensor's first read, as
+        ``check --digests`` does; a verifying reader refuses the whole file for an algorithm it
+        lacks, DIGEST_UNSUPPORTED, on its first read of any tensor of the file; ``--no-check``
+        reads it as it is)."""
         probs = payload_problems(name, self.descs[name], src)
         at = self.digested.get(name)
         if at is not None:
-            path, header, model = at
-            desc = model.descriptors.get(name)
-            stored = sorted({c for _, c in desc.references()}) if desc is not None else [name]
-            probs += [p for p in digest_problems(path, header, model, stored) if p.code == "DIGEST_MISMATCH"]
+            probs += tensor_digest_problems(*at, name)
         return probs
 
     def guards(self, stored: str) -> bool:
@@ -435,6 +438,17 @@ def digest_problems(path: str, header: Any, model: Any, names: Iterable[str] | N
     from .digests import verify
 
     return verify(path, header, model.digests, lambda s: model.components.get(s, s), names)
+
+
+def tensor_digest_problems(path: str, header: Any, model: Any, name: str) -> list[QFormatError]:
+    """The digest problems that refuse logical (or plain) tensor ``name`` of one file when a
+    reader verifies it (SPEC.md §3.8): DIGEST_UNSUPPORTED (the whole file), and DIGEST_MISMATCH of
+    its stored tensors and of ``name`` itself, when ``digests`` lists that logical name, which is
+    no stored tensor (a digest is listed under stored names only).  The one rule of the
+    ``verify=True`` readers and the commands, the same problems ``check --digests`` reports."""
+    desc = model.descriptors.get(name)
+    names = {name} | ({c for _, c in desc.references()} if desc is not None else set())
+    return digest_problems(path, header, model, sorted(names))
 
 
 def check_file(path: str, payload: bool = True, digests: bool | None = None, strict: bool = False) -> FileReport:
@@ -526,7 +540,7 @@ def check(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], payl
                     report.files.append(check_file(os.path.join(p, n), payload, digests, strict))
             if not indexes and not any(n.endswith(".safetensors") for n in names):
                 report.problems.append(Problem("FILE_UNREADABLE", p, None, None, f"folder {p!r} holds no .safetensors file"))
-        elif p.endswith(".json"):
+        elif is_index(p):  # for a URL, by its path: 'model.safetensors.index.json?download=1' is an index
             files, probs = check_index(p, payload, digests, strict)
             report.files.extend(files)
             report.problems.extend(probs)

@@ -5,9 +5,10 @@ message with a stable error code, and the exit status says what happened (0 conf
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from .check import Report, check
 
@@ -129,7 +130,30 @@ def _parser() -> argparse.ArgumentParser:
     rd = csub.add_parser("read", help="the reference reader in the command protocol: decode INPUT, write OUTPUT")
     rd.add_argument("input", metavar="INPUT")
     rd.add_argument("output", metavar="OUTPUT")
+    for sp in (c, cv, q, mg, dq, ex, ins, df, r, rd):
+        _remote_options(sp)
     return p
+
+
+def _remote_options(p: argparse.ArgumentParser) -> None:
+    """The options every command that takes a path has: how URLs are shown and read."""
+    g = p.add_argument_group("remote files (http(s)://, s3://, hf://, ...)")
+    g.add_argument("--show-secrets", action="store_true",
+                   help="show URLs in full in reports, --json and messages (by default a URL is shown as scheme://host/path, "
+                        "without user:password@ and with ?... for its query); bearer tokens are never shown")
+    g.add_argument("--deadline", type=_deadline, metavar="SECONDS",
+                   help="the most one remote read may take, retries included, plus 1 s per 64 KiB it receives "
+                        "(default 60, or QFORMAT_HTTP_DEADLINE); past it: REMOTE_UNREACHABLE")
+
+
+def _deadline(text: str) -> float:
+    from .errors import QFormatError
+    from .remote_deadline import deadline_seconds
+
+    try:
+        return deadline_seconds(text, "--deadline")
+    except QFormatError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
 
 
 def _split_options(p: argparse.ArgumentParser) -> None:
@@ -171,12 +195,14 @@ def _block_size(text: str) -> int | list[int] | None:
 
 
 def _print_text(report: Report) -> None:
+    from .redact import shown
+
     for f in report.files:
         if f.ok:
             what = f"{f.quantized} quantized and {f.plain} plain tensors" if f.quantized else f"no quantized tensors, {f.plain} plain tensors"
-            print(f"{f.path}: OK ({what})")
+            print(f"{shown(f.path)}: OK ({what})")
         else:
-            print(f"{f.path}: {len(f.problems)} problem(s)")
+            print(f"{shown(f.path)}: {len(f.problems)} problem(s)")
             for p in f.problems:
                 where = f" {p.tensor}" if p.tensor else ""
                 fld = f" [{p.field}]" if p.field else ""
@@ -185,7 +211,7 @@ def _print_text(report: Report) -> None:
     for p in report.problems:
         if id(p) not in listed:
             where = f" {p.tensor}" if p.tensor else ""
-            print(f"{p.file}: {p.code}{where}: {p.message}")
+            print(f"{p.file if p.file is None else shown(p.file)}: {p.code}{where}: {p.message}")
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -496,19 +522,42 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command.  Everything it prints passes through :func:`qformat.redact.scrub` (URLs
+    without user-info or query unless ``--show-secrets``; bearer tokens never)."""
+    from .redact import redacted_output
+
     args = _parser().parse_args(argv)
     fetched_before = _fetched()
-    try:
-        if getattr(args, "no_check", False):
-            from .checkpoint.source import unchecked
+    with redacted_output(getattr(args, "show_secrets", False)), _deadline_option(getattr(args, "deadline", None)):
+        try:
+            if getattr(args, "no_check", False):
+                from .checkpoint.source import unchecked
 
-            with unchecked():
-                return _dispatch(args)
-        return _dispatch(args)
-    except BrokenPipeError:
-        return _closed_pipe(args)
+                with unchecked():
+                    return _dispatch(args)
+            return _dispatch(args)
+        except BrokenPipeError:
+            return _closed_pipe(args)
+        finally:
+            _remote_note(fetched_before)
+
+
+@contextlib.contextmanager
+def _deadline_option(seconds: float | None) -> Iterator[None]:
+    """``--deadline``: the remote reads of this command get that total deadline."""
+    if seconds is None:
+        yield
+        return
+    import dataclasses
+
+    from . import remote
+
+    old = remote.DEFAULT_OPTIONS
+    remote.DEFAULT_OPTIONS = dataclasses.replace(remote._options(None), deadline_s=seconds)
+    try:
+        yield
     finally:
-        _remote_note(fetched_before)
+        remote.DEFAULT_OPTIONS = old
 
 
 def _fetched() -> tuple[int, int]:

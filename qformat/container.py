@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Iterable, Mapping
+from functools import cached_property
+from itertools import accumulate
+from typing import Any, BinaryIO, Callable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -30,11 +33,14 @@ STRICT_ALSO = ("METADATA_INVALID",)
 MAX_JSON_DEPTH = tables.limits()["max_json_depth"]
 JSON_WHITESPACE = " \t\n\r"
 _U64 = 1 << 64
+_ENTRY_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One tensor of the container: dtype name, shape, byte range in the data buffer."""
+class Entry(NamedTuple):
+    """One tensor of the container: dtype name, shape, byte range in the data buffer.
+
+    (A named tuple, not a frozen dataclass: a header of 10^5 tensors builds 10^5 of them, and a
+    frozen dataclass's ``__init__`` costs several times a tuple's.)"""
 
     name: str
     dtype: str
@@ -63,26 +69,37 @@ def _mal(code: str, msg: str, tensor: str | None = None) -> QFormatError:
     return error(code, msg, tensor=tensor)
 
 
+#: A JSON string literal as :func:`json_depth_ok` skips it: from a quote to the next unescaped
+#: quote (a backslash escapes any one character), or to the end of the text when none follows.
+#: Possessive quantifiers: the regular-expression engine keeps no backtracking state per escape
+#: (with plain ``*`` a string of 10^5 escapes held 13 MB).
+_JSON_STRING = re.compile(r'"[^"\\]*+(?:\\[\s\S][^"\\]*+)*+"?')
+#: Text outside strings and whole strings: where it stops, a string begins that does not end
+#: within the window searched.
+_WHOLE = re.compile(r'(?:[^"]++|"[^"\\]*+(?:\\[\s\S][^"\\]*+)*+")*+')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+#: Characters of text examined per step of :func:`json_depth_ok` (bounds its memory).
+_DEPTH_WINDOW = 1 << 16
+
+
 def json_depth_ok(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when brackets outside strings nest at most ``limit`` deep (guards the parser)."""
-    depth = 0
-    in_str = esc = False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
+    """True when brackets outside strings nest at most ``limit`` deep (guards the parser).
+
+    Linear in ``len(text)``, run by the regular-expression engine and C iterators (a Python loop
+    per character took 0.6 s of a 10^5-tensor header, issue 40), a window of text at a time so
+    that its memory is bounded whatever the text: a string longer than a window is skipped by
+    one match over the whole text, which keeps no state per character."""
+    depth, pos, n = 0, 0, len(text)
+    while pos < n:
+        end = min(n, pos + _DEPTH_WINDOW)
+        cut = _WHOLE.match(text, pos, end).end()  # text[pos:cut] holds whole strings only
+        brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text[pos:cut]))
+        if brackets:
+            if max(accumulate(map(_BRACKET_STEP.__getitem__, brackets), initial=depth)) > limit:
                 return False
-        elif ch in "]}":
-            depth -= 1
+            depth += sum(map(_BRACKET_STEP.__getitem__, brackets))
+        pos = cut if cut == end else _JSON_STRING.match(text, cut).end()  # a string reaching past the window
     return True
 
 
@@ -92,11 +109,13 @@ class _Dup(Exception):
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Dup(k)
-        out[k] = v
+    out = dict(pairs)
+    if len(out) != len(pairs):  # a repeated key: name the first one repeated
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _Dup(k)
+            seen.add(k)
     return out
 
 
@@ -107,6 +126,10 @@ def _no_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_no_constant, parse_int=lambda s: int(s) if len(s) < 100 else (-1 if s[0] == "-" else 1) << 64)  # huge integers never wrap: any 100-digit value fails later size checks like 2^64
 
 
+#: A surrogate code point (text decoded from UTF-8 has none; a ``\\u`` escape can make one).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def strict_json(text: str) -> tuple[Any, int]:
     """Parse one JSON value from the start of ``text``; returns (value, end index).
 
@@ -115,11 +138,12 @@ def strict_json(text: str) -> tuple[Any, int]:
     if not json_depth_ok(text):
         raise ValueError(f"nesting deeper than {MAX_JSON_DEPTH}")
     value, end = _DECODER.raw_decode(text)
-    try:
-        # Lone surrogate escapes (\ud800) parse in Python but are not Unicode text.
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("a string holds a lone surrogate escape") from None
+    if "\\u" in text or (not text.isascii() and _SURROGATE.search(text)):  # only then can a string hold a lone one
+        try:
+            # Lone surrogate escapes (\ud800) parse in Python but are not Unicode text.
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a string holds a lone surrogate escape") from None
     return value, end
 
 
@@ -168,6 +192,8 @@ def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) ->
     metadata = None
     entries: dict[str, Entry] = {}
     known = tables.dtypes()
+    bits_of = {k: v["bits"] for k, v in known.items()}
+    max_rank = tables.limits()["max_rank"]
     for name, ent in obj.items():
         if name == "__metadata__":
             if ent is None:  # what mx.save_safetensors writes by default; safetensors reads it as none (SPEC.md §2.4)
@@ -180,26 +206,26 @@ def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) ->
             continue
         if name == "":  # safetensors writes and reads it (SPEC.md §2.4)
             lenient.append(_mal("TENSOR_NAME_INVALID", "a tensor name is empty: safetensors writes and reads it, qformat reads it", ""))
-        if not isinstance(ent, dict) or set(ent) != {"dtype", "shape", "data_offsets"}:
+        if not isinstance(ent, dict) or ent.keys() != _ENTRY_FIELDS:
             found = sorted(ent) if isinstance(ent, dict) else type(ent).__name__
             raise _mal("TENSOR_ENTRY_INVALID", f"expected exactly the fields ['data_offsets', 'dtype', 'shape'], found {found}", name)
         dt, shape, offs = ent["dtype"], ent["shape"], ent["data_offsets"]
         if not isinstance(dt, str):
             raise _mal("TENSOR_ENTRY_INVALID", f"dtype must be a string, found {dt!r}", name)
-        if dt not in known:
+        if dt not in bits_of:
             raise _mal("DTYPE_UNKNOWN", f"dtype {dt!r} is not a safetensors dtype", name)
         if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
             raise _mal("TENSOR_ENTRY_INVALID", f"shape must be a list of non-negative integers, found {shape!r}"[:300], name)
         if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
             raise _mal("TENSOR_ENTRY_INVALID", f"data_offsets must be two non-negative integers, found {offs!r}"[:300], name)
-        if len(shape) > tables.limits()["max_rank"]:
-            raise _mal("TENSOR_ENTRY_INVALID", f"rank must be at most {tables.limits()['max_rank']}, found {len(shape)}", name)
+        if len(shape) > max_rank:
+            raise _mal("TENSOR_ENTRY_INVALID", f"rank must be at most {max_rank}, found {len(shape)}", name)
         if any(s >= _U64 for s in shape):  # SPEC.md §2.2: an entry of 2^64 or more, even in an empty tensor
             raise _mal("SIZE_OVERFLOW", f"a shape entry of {shape} does not fit 64 bits"[:300], name)
         numel = math.prod(shape)  # exact: [2^40, 2^40, 0] has 0 elements
         if numel >= _U64:
             raise _mal("SIZE_OVERFLOW", f"element count of shape {shape} overflows 64 bits", name)
-        nbits = numel * known[dt]["bits"]
+        nbits = numel * bits_of[dt]
         if nbits >= _U64:
             raise _mal("SIZE_OVERFLOW", f"bit size of shape {shape} with dtype {dt} overflows 64 bits", name)
         if nbits % 8:
@@ -266,6 +292,11 @@ class FilePlan:
     #: (stored tensor name, byte offset in ``header``) of each digest placeholder (SPEC.md §3.8)
     digest_slots: tuple[tuple[str, int], ...] = ()
 
+    @cached_property
+    def digested(self) -> frozenset[str]:
+        """The stored tensors whose digest the plan records (a set: asked once per tensor)."""
+        return frozenset(n for n, _ in self.digest_slots)
+
     @property
     def data_bytes(self) -> int:
         return sum(t.nbytes for t in self.order)
@@ -314,12 +345,20 @@ def plan_file(specs: Iterable[TensorSpec], metadata: Mapping[str, str] | None, d
         off += n
     hb = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     hb += b" " * (-len(hb) % 8)
+    # Where each placeholder sits, from one pass over the header (a find per placeholder was
+    # quadratic: 25 s to plan 24,000 tensors, issue 40).  Placeholders are random hex digits of
+    # the digest's length, so only hex runs of exactly that length are looked at.
+    where: dict[str, list[int]] = {p: [] for p in ph.values()}
+    width = len(next(iter(ph.values()), ""))  # digests.placeholders: one width for all
+    for m in re.finditer(rb"(?<![0-9a-f])[0-9a-f]{%d}(?![0-9a-f])" % width, hb) if ph else ():
+        hit = where.get(m.group().decode("ascii"))
+        if hit is not None:
+            hit.append(m.start())
     slots = []
     for name, p in ph.items():
-        at = hb.find(p.encode("ascii"))
-        if at < 0 or hb.find(p.encode("ascii"), at + 1) >= 0:
+        if len(where[p]) != 1:
             raise error("SAVE_INVALID", "a digest placeholder is not unique in the header", tensor=name)
-        slots.append((name, 8 + at))
+        slots.append((name, 8 + where[p][0]))
     return FilePlan(struct.pack("<Q", len(hb)) + hb, tuple(order), tuple(slots))
 
 
@@ -381,7 +420,7 @@ class _Hashing:
 def digest_sink(f: BinaryIO, name: str, plan: FilePlan, found: dict[str, Any]) -> Any:
     """Where a writer writes tensor ``name``'s body: ``f`` itself, or, when the plan records its
     digest, ``f`` through a hasher kept in ``found`` (see :func:`write_digests`)."""
-    if not any(n == name for n, _ in plan.digest_slots):
+    if name not in plan.digested:
         return f
     from . import digests
 
@@ -395,10 +434,13 @@ def write_digests(f: BinaryIO, plan: FilePlan, found: Mapping[str, Any]) -> None
     if not plan.digest_slots:
         return
     end = f.tell()
+    header = bytearray(plan.header)  # patched in memory, then written once (a seek per digest flushed the buffer each time)
     for name, at in plan.digest_slots:
         d = found[name]
-        f.seek(at)
-        f.write((d if isinstance(d, str) else d.hexdigest()).encode("ascii"))
+        hexd = (d if isinstance(d, str) else d.hexdigest()).encode("ascii")
+        header[at : at + len(hexd)] = hexd
+    f.seek(0)
+    f.write(header)
     f.seek(end)
 
 

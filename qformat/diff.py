@@ -38,6 +38,7 @@ import numpy as np
 
 from .errors import QFormatError, error, raise_first
 from .inspection import Opened, natural_key, open_checkpoint, plain_dtype
+from .redact import scrub, shown
 
 #: The version of ``qformat diff --json``'s output (new members may be added without a bump).
 FORMAT_VERSION = 1
@@ -78,7 +79,7 @@ class _Side:
         return decode(d, self.opened, None, tensor=name)
 
     def describe(self) -> dict[str, Any]:
-        return {"path": self.path, "kind": self.opened.kind, "source_format": self.opened.source_format}
+        return {"path": shown(self.path), "kind": self.opened.kind, "source_format": self.opened.source_format}
 
 
 def _is_float(dt: np.dtype) -> bool:
@@ -321,7 +322,7 @@ def iter_diff(a: _Side, b: _Side) -> Iterator[TensorDiff]:
                 adm = side.opened.ck.admission
                 if adm is not None and adm.refused is e:
                     raise
-            t.status, t.error = "error", str(e)
+            t.status, t.error = "error", scrub(str(e))  # recorded in --json: URLs redacted
         finally:
             x = y = None  # noqa: F841  (drop the pair before the next one)
             a.opened.release()

@@ -9,6 +9,7 @@ category so callers can catch, for example, every container failure at once.
 from __future__ import annotations
 
 from . import tables
+from .redact import scrub
 
 
 class QFormatError(ValueError):
@@ -19,6 +20,9 @@ class QFormatError(ValueError):
     def __init__(self, code: str, message: str, tensor: str | None = None, field: str | None = None):
         if code not in tables.errors():
             raise KeyError(f"unregistered qformat error code {code!r}")
+        # One redaction rule (SECURITY.md): a URL in a message loses its user-info and query,
+        # and a bearer token never appears, whichever module built the message.
+        message = scrub(message)
         self.code = code
         self.tensor = tensor
         self.field = field

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 from . import tables
 from .container import Header, _Dup, strict_json
 from .errors import QFormatError, error, raise_first
 from .model import FileModel
+from .paths import parts, source_file
 
 INDEX_SUFFIX = ".safetensors.index.json"
 
@@ -23,7 +25,16 @@ class Index:
 
     @property
     def shards(self) -> list[str]:
-        return sorted(set(self.weight_map.values()))
+        return sorted(self.by_shard)
+
+    @cached_property
+    def by_shard(self) -> dict[str, set[str]]:
+        """Shard file -> the names the index places in it (grouped once: checking each shard
+        against a scan of the whole map was quadratic in a big checkpoint, issue 40)."""
+        out: dict[str, set[str]] = {}
+        for name, shard in self.weight_map.items():
+            out.setdefault(shard, set()).add(name)
+        return out
 
     def shard_path(self, shard: str) -> str:
         """Where shard file ``shard`` is: next to the index (a path, or a URL for a remote index)."""
@@ -79,11 +90,15 @@ def scan_index(path: str | os.PathLike[str]) -> tuple[Index, list[QFormatError]]
     problems = []
     bad = set()
     for shard in sorted(set(wm.values())):
-        if shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard:
-            problems.append(error("INDEX_INVALID", f"shard name {shard!r} must be a plain file name inside the index's folder", field="weight_map"))
-            bad.add(shard)
-        elif not remote and not os.path.isfile(os.path.join(folder, shard)):  # a remote shard: its own open says
-            problems.append(error("INDEX_INVALID", f"shard {shard!r} listed in the index does not exist", field="weight_map"))
+        # the path policy (qformat.paths): a plain file name; locally a regular file in the folder,
+        # or a link to one inside it (or into the blobs of the huggingface_hub snapshot it is)
+        try:
+            parts(shard, code="INDEX_INVALID", root=folder, what="shard name", field="weight_map", single=True)
+            if not remote:  # a remote shard: its own open says
+                source_file(folder, shard, code="INDEX_INVALID", what="shard", field="weight_map", single=True,
+                            missing="listed in the index does not exist")
+        except QFormatError as e:
+            problems.append(e)
             bad.add(shard)
     return Index(path, folder, {k: v for k, v in wm.items() if v not in bad}), problems
 
@@ -92,7 +107,7 @@ def mismatches(index: Index, shard: str, header: Header, model: FileModel) -> li
     """INDEX_MISMATCH problems between the index and one shard's tensors."""
     out = []
     visible = set(header.entries) | set(model.raw)
-    listed = {n for n, s in index.weight_map.items() if s == shard}
+    listed = index.by_shard.get(shard, set())
     for n in sorted(listed - visible):
         out.append(error("INDEX_MISMATCH", f"the index places {n!r} in {shard!r}, which has no such tensor", tensor=n, field="weight_map"))
     for n in sorted(set(header.entries) - listed):

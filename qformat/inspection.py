@@ -39,6 +39,7 @@ from .descriptor import Blocks, Descriptor, parse_descriptor
 from .elements import Element
 from .errors import QFormatError, error
 from .model import METADATA_KEY, required_version
+from .redact import shown
 from .sources import TensorInfo
 
 #: The version of ``qformat inspect --json``'s output; bumped only when a member changes meaning
@@ -433,7 +434,10 @@ def _gguf_rows(f: Any) -> Iterator[TensorRow]:
 
 @dataclass
 class Inspection:
-    """What ``qformat inspect`` reports about one checkpoint (:meth:`to_dict` is the ``--json`` output)."""
+    """What ``qformat inspect`` reports about one checkpoint (:meth:`to_dict` is the ``--json`` output).
+
+    ``path`` is the path or URL as given; :meth:`to_dict` and :meth:`lines` show a URL by
+    :func:`qformat.redact.shown` (no user-info, no query)."""
 
     path: str
     kind: str
@@ -469,7 +473,7 @@ class Inspection:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format_version": FORMAT_VERSION, "path": self.path, "kind": self.kind, "source_format": self.source_format,
+        return {"format_version": FORMAT_VERSION, "path": shown(self.path), "kind": self.kind, "source_format": self.source_format,
                 "spec_version": self.spec_versions[0] if len(self.spec_versions) == 1 else (self.spec_versions or None),
                 "files": self.files, "file_bytes": self.file_bytes, "gguf": self.gguf, "totals": self.totals(), "schemes": self.schemes(),
                 "tensors": [t.to_dict() for t in self.tensors]}
@@ -479,7 +483,7 @@ class Inspection:
         what = {"qformat": "qformat checkpoint", "safetensors": "plain safetensors checkpoint",
                 "source": f"{self.source_format} checkpoint (read through qformat convert; nothing written)"}[self.kind]
         ver = ", ".join(self.spec_versions) if self.spec_versions else "-"
-        out = [f"{self.path}: {what}",
+        out = [f"{shown(self.path)}: {what}",
                f"  {len(self.files)} file(s), {self.file_bytes / 1e6:,.1f} MB; qformat spec version {ver}"
                + (" (as converted)" if self.kind == "source" else "")]
         if self.gguf is not None:

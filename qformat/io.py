@@ -12,7 +12,7 @@ import numpy as np
 from . import dtypes as _dt
 from .checkpoint import Shard, iter_shards
 from .checkpoint import load_checkpoint as _load_shards
-from .container import write_file
+from .container import parse_header, write_file
 from .remote import is_url, read_header
 from .decode import decode
 from .descriptor import Descriptor, parse_descriptor
@@ -71,6 +71,9 @@ class SafeOpen(_SliceMethods):
         self._src: FileSource | None = shard.source
         self.model: FileModel = shard.model
         raise_first(self.model.file_problems)
+        # the names a reader returns, as a set: :meth:`require` runs on every read, and
+        # ``model.plain`` is a list (a membership test there made load_file quadratic, issue 40)
+        self._names = frozenset(self.model.plain).union(self.model.raw)
         #: verify the file's digests (SPEC.md §3.8) of each tensor's stored bytes before returning them
         self.verify = verify
         self._verified: set[str] = set()
@@ -87,14 +90,13 @@ class SafeOpen(_SliceMethods):
 
     def _check_digests(self, name: str) -> None:
         """With ``verify``: DIGEST_MISMATCH unless every stored tensor ``name`` reads has the
-        digest the file records (checked once per tensor)."""
+        digest the file records, and the file lists no digest under the logical name ``name``
+        itself (SPEC.md §3.8, checked once per tensor)."""
         if not self.verify or self.model.digests is None or name in self._verified:
             return
-        if name in self.model.descriptors:
-            stored = sorted({c for _, c in self.model.descriptors[name].references()})
-        else:
-            stored = [name]
-        raise_first(self._digest_problems(stored))
+        from .check import tensor_digest_problems
+
+        raise_first(tensor_digest_problems(self.path, self.header, self.model, name))
         self._verified.add(name)
 
     # context manager
@@ -142,8 +144,8 @@ class SafeOpen(_SliceMethods):
 
     def require(self, name: str) -> None:
         """TENSOR_NOT_FOUND unless ``name`` is a logical or plain tensor of the file."""
-        if name not in self.model.raw and name not in self.model.plain:
-            raise error("TENSOR_NOT_FOUND", f"no tensor named {name!r}; the file has {len(self.keys())} tensors", tensor=name)
+        if name not in self._names:
+            raise error("TENSOR_NOT_FOUND", f"no tensor named {name!r}; the file has {len(self._names)} tensors", tensor=name)
 
     def is_quantized(self, name: str) -> bool:
         self.require(name)
@@ -454,6 +456,23 @@ def safe_open(path: str | os.PathLike[str], framework: str = "numpy", verify: bo
     path = os.fspath(path)
     _readable(path)
     return CheckpointOpen(path, verify) if is_index(path) else SafeOpen(path, verify=verify)
+
+
+def open_bytes(data: bytes, name: str = "<bytes>") -> SafeOpen:
+    """A whole file held in memory, read as :func:`safe_open` reads a file (digests are not
+    verified: :func:`qformat.digests.hash_range` reads a file by its path).  Raises the container's codes (HEADER_*, OFFSETS_*,
+    DATA_TRUNCATED, ...) and the file problems of the qformat object; each tensor's structural
+    problems are in ``f.model.tensor_problems`` and raised when it is read.
+
+    The cheap in-process entry point of the header, descriptor and structure rules for fuzzers
+    (issue 40): ``open_bytes(b)``, then ``f.get_tensor(k)`` for ``k`` in ``f.keys()``; anything
+    other than a :class:`~qformat.errors.QFormatError` is a bug."""
+    import io
+
+    data = bytes(data)
+    header = parse_header(io.BytesIO(data), len(data))
+    src = FileSource.from_bytes(data, header, name)
+    return SafeOpen(name, Shard(name, name, header, interpret(header, src), src))
 
 
 def _load_one(path: str, verify: bool = False) -> dict[str, np.ndarray]:

@@ -9,17 +9,23 @@ memory-maps it, and fetches the ranges a reader needs before the reader looks at
 (:meth:`RemoteFile.ensure`).
 
 What is refused, each with a coded error (never a traceback, never a token in a message):
-a connection that fails or times out on every retry (REMOTE_UNREACHABLE), 404/401/403/416 or a
+a connection that fails or times out on every retry, or a read that outlasts its total deadline
+(REMOTE_UNREACHABLE; see :class:`HttpOptions`), 404/401/403/416 or a
 5xx that outlasts the retries (REMOTE_HTTP_ERROR), a server that ignores ``Range``
 (REMOTE_RANGE_IGNORED, the body is not read), a range answer of the wrong bytes or length
-(REMOTE_RANGE_INVALID, nothing allocated from the server's lengths), a file whose ETag or
-Last-Modified changes between answers (REMOTE_CHANGED: sent as ``If-Range``, compared on every
-answer), and a redirect to another host unless allowed (REMOTE_REDIRECT_REFUSED).
+(REMOTE_RANGE_INVALID, nothing allocated from the server's lengths; a Content-Range must be
+``bytes A-B/SIZE`` in ASCII digits with A <= B < SIZE), a file whose ETag or Last-Modified
+changes between answers (REMOTE_CHANGED: sent as ``If-Range``, compared on every answer), a
+redirect to another host unless allowed (REMOTE_REDIRECT_REFUSED), and a file larger than the
+local mirror can hold (FILE_UNREADABLE: the filesystem's largest file, 16 TiB on ext4).
+
+Every URL in a message is shown by :func:`qformat.redact.shown` (no user-info, no query).
 
 Environment: ``QFORMAT_HTTP_TOKEN`` (bearer token; ``HF_TOKEN`` for huggingface.co hosts),
 ``QFORMAT_HTTP_ALLOW_REDIRECTS=1`` (follow redirects to other hosts, as the Hugging Face hub
 sends to its CDN; the Authorization header stays with the first host),
-``QFORMAT_HTTP_TIMEOUT`` (``connect,read`` seconds), ``QFORMAT_HTTP_RETRIES``,
+``QFORMAT_HTTP_TIMEOUT`` (``connect,read`` seconds), ``QFORMAT_HTTP_DEADLINE`` (seconds: the
+total deadline of one read, see :class:`HttpOptions`), ``QFORMAT_HTTP_RETRIES``,
 ``QFORMAT_HTTP_WORKERS`` (parallel range requests).
 
 Other URL schemes (``s3://``, ``gs://``, ``hf://`` ...) are read the same way through fsspec
@@ -32,6 +38,8 @@ import collections
 import io
 import mmap
 import os
+import re
+import socket
 import struct
 import tempfile
 import threading
@@ -45,11 +53,13 @@ from urllib.parse import urljoin, urlsplit
 from . import tables
 from .container import Header, parse_header
 from .container import read_header as _read_local_header
-from .errors import error
+from .errors import QFormatError, error
+from .redact import shown as _shown_text
+from .remote_deadline import Budget, deadline_seconds
 
 __all__ = ["DEFAULT_OPTIONS", "HttpOptions", "HttpRangeReader", "RemoteFile", "fetch_bytes", "fetched_total", "forget_opened",
-           "hash_remote_range", "is_url", "open_remote", "read_header", "read_remote_header", "take_remote", "url_basename",
-           "url_join"]
+           "hash_remote_range", "is_url", "open_remote", "read_header", "read_remote_header", "sibling_url", "take_remote",
+           "url_basename", "url_folder", "url_join"]
 
 _HF_HOSTS = ("huggingface.co", "hf.co")
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -82,13 +92,46 @@ def _reader(url: str, options: HttpOptions | None) -> Any:
 
 
 def url_basename(url: str) -> str:
-    """The last path segment of ``url`` (its file name)."""
+    """The last segment of ``url``'s path (its file name; never its query or fragment)."""
     return urlsplit(url).path.rsplit("/", 1)[-1]
 
 
+def url_folder(url: str) -> str:
+    """``url`` up to and including the last ``/`` of its path: the folder its siblings (an
+    index's shards, a model's side files) are in.  The query and fragment are dropped: a query
+    applies to the URL that carries it alone (a signature signs one object), so siblings are
+    fetched without it; private files take a token (QFORMAT_HTTP_TOKEN)."""
+    p = urlsplit(url)
+    return f"{p.scheme}://{p.netloc}{p.path.rsplit('/', 1)[0]}/"
+
+
+def sibling_url(base: str, name: str, field: str | None = "weight_map") -> str:
+    """The URL of file ``name`` in the folder of ``base`` (a shard named by a remote index, a side
+    file beside a remote model): always on ``base``'s origin and directly inside its folder.
+
+    ``name`` is a plain file name: one that is empty, ``.`` or ``..``, holds ``/``, ``\\`` or NUL,
+    or could name another origin (``http://other/x``, ``//other/x``, ``/abs``, ``../../x``) is
+    refused with INDEX_INVALID, before anything is fetched (so no token goes anywhere else).
+    The name is percent-encoded whole, so ``%2e%2e``, ``?`` or ``#`` in it are its own
+    characters, never a dot-segment, a query or a fragment."""
+    from urllib.parse import quote
+
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise error("INDEX_INVALID", f"shard name {str(name)[:200]!r} must be a plain file name inside the index's folder "
+                                     f"({_shown(url_folder(base))})", field=field)
+    folder = url_folder(base)
+    url = folder + quote(name, safe="")
+    # the same origin and folder, whatever the name held (a guard on the rule above)
+    if urlsplit(url).netloc != urlsplit(base).netloc or url_folder(url) != folder:  # pragma: no cover - quote() makes it so
+        raise error("INDEX_INVALID", f"shard name {name[:200]!r} leaves the index's folder", field=field)
+    return url
+
+
 def url_join(base: str, name: str) -> str:
-    """``name`` resolved relative to ``base`` (a shard next to its index)."""
-    return urljoin(base, name)
+    """:func:`sibling_url`: ``name`` as a plain file name in ``base``'s folder (a shard next to
+    its index).  Never a general URL join: a name that would leave the folder or the origin is
+    refused (INDEX_INVALID)."""
+    return sibling_url(base, name)
 
 
 def _env_float_pair(name: str, default: tuple[float, float]) -> tuple[float, float]:
@@ -104,7 +147,16 @@ def _env_float_pair(name: str, default: tuple[float, float]) -> tuple[float, flo
 
 @dataclass
 class HttpOptions:
-    """How remote files are read.  :meth:`from_env` reads the ``QFORMAT_HTTP_*`` variables."""
+    """How remote files are read.  :meth:`from_env` reads the ``QFORMAT_HTTP_*`` variables.
+
+    Every remote read (a header, an index or side JSON, a byte range; all its tries, redirects
+    and backoff included) has a total deadline: it ends with REMOTE_UNREACHABLE once its time
+    exceeds ``deadline_s + received / min_bytes_per_s``, ``received`` being the most bytes one
+    try of it has received so far.  A read of ``n`` bytes so takes at most
+    ``deadline_s + n / min_bytes_per_s`` seconds (60 s + 1 s per 64 KiB by default), however
+    slowly a server drips, and a server that sends nothing gets ``deadline_s``.  The connect
+    and read timeouts bound each wait within that (a socket's read timeout restarts with every
+    byte, so it alone bounds nothing)."""
 
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
@@ -114,7 +166,10 @@ class HttpOptions:
     allow_cross_host: bool = False  # follow redirects to another host (never sending Authorization there)
     coalesce_gap: int = 4096  # ranges closer than this are fetched as one (fewer requests, a few bytes more)
     max_request_bytes: int = 64 << 20  # one request's body at most: bounds memory per request
-    min_bytes_per_s: float = 64 << 10  # a body slower than read_timeout + size / this is cut off (a slow drip)
+    # the slowest body accepted: a try past read_timeout + size / this is cut off and retried,
+    # a read past deadline_s + received / this ends (see above)
+    min_bytes_per_s: float = 64 << 10
+    deadline_s: float = 60.0  # the total deadline of one read, plus received / min_bytes_per_s (see above)
     token: str | None = field(default=None, repr=False)  # bearer token; None: from the environment
 
     @classmethod
@@ -124,6 +179,8 @@ class HttpOptions:
         for name, attr in (("QFORMAT_HTTP_RETRIES", "retries"), ("QFORMAT_HTTP_WORKERS", "workers")):
             if os.environ.get(name, "").strip().isdigit():
                 setattr(opts, attr, max(int(os.environ[name]), 1 if attr == "workers" else 0))
+        if os.environ.get("QFORMAT_HTTP_DEADLINE", "").strip():
+            opts.deadline_s = deadline_seconds(os.environ["QFORMAT_HTTP_DEADLINE"].strip())
         opts.allow_cross_host = os.environ.get("QFORMAT_HTTP_ALLOW_REDIRECTS", "") in ("1", "true", "yes")
         return opts
 
@@ -146,19 +203,114 @@ def _token_for(url: str, opts: HttpOptions) -> str | None:
 
 
 def _shown(url: str) -> str:
-    p = urlsplit(url)
-    host = p.hostname or ""
-    netloc = host + (f":{p.port}" if p.port else "") if "@" in p.netloc else p.netloc
-    return f"{p.scheme}://{netloc}{p.path}" + ("?..." if p.query else "")
+    """``url`` as messages show it (:func:`qformat.redact.shown`: no user-info, no query)."""
+    return _shown_text(url)
+
+
+# -- the total deadline of one read (qformat.remote_deadline) ------------------------------
+_LOCAL = threading.local()  # the Budget of the read the current thread is doing (for the watchdog)
+
+
+class _Watchdog:
+    """Ends a request whose read's deadline passed, by shutting its socket down.
+
+    A blocking socket read waits at most the read timeout, but a server dripping a byte just
+    before each timeout (in the status line, the headers or the body) keeps it alive forever;
+    the one way to stop it from outside is to shut the socket down, which makes the blocked
+    read return.  Sockets are armed by the connections of :func:`_session` (on connect and on
+    every request) while a read holds a :class:`Budget` in this thread, and disarmed when it ends.
+    One daemon thread watches them all."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._armed: dict[int, tuple[Budget, socket.socket]] = {}
+        self._thread: threading.Thread | None = None
+
+    def arm(self, sock: Any) -> None:
+        budget = getattr(_LOCAL, "budget", None)
+        if budget is None or sock is None:
+            return
+        with self._cv:
+            self._armed[id(sock)] = (budget, sock)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="qformat-http-deadline", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def disarm(self, budget: Budget) -> None:
+        with self._cv:
+            for k in [k for k, (b, _) in self._armed.items() if b is budget]:
+                del self._armed[k]
+
+    def _run(self) -> None:
+        with self._cv:
+            while True:
+                now, wait = time.monotonic(), None
+                for k, (b, sock) in list(self._armed.items()):
+                    left = b.end() - now  # grows as bytes arrive: re-read on every wake
+                    if left > 0:
+                        wait = left if wait is None else min(wait, left)
+                        continue
+                    del self._armed[k]
+                    b.expired = True
+                    try:  # the plain socket's shutdown (an SSLSocket's own would drop its state under a reader)
+                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                    except (OSError, TypeError, ValueError):
+                        pass
+                self._cv.wait(wait)
+
+
+_WATCHDOG = _Watchdog()
+_POOL_CLASSES: dict[str, Any] = {}
+
+
+def _watched_pools() -> dict[str, Any]:
+    """urllib3 connection pools whose connections arm :data:`_WATCHDOG` on connect and on every
+    request (both urllib3 1.26 and 2.x name these hooks so)."""
+    if not _POOL_CLASSES:
+        import urllib3
+        from urllib3.connection import HTTPConnection, HTTPSConnection
+
+        class _Watched:
+            sock: Any
+
+            def _new_conn(self) -> Any:
+                sock = super()._new_conn()  # type: ignore[misc]
+                _WATCHDOG.arm(sock)
+                return sock
+
+            def request(self, *args: Any, **kwargs: Any) -> Any:
+                _WATCHDOG.arm(self.sock)  # a kept-alive connection: armed for this read
+                return super().request(*args, **kwargs)  # type: ignore[misc]
+
+        class _Conn(_Watched, HTTPConnection):
+            pass
+
+        class _SConn(_Watched, HTTPSConnection):
+            pass
+
+        class _Pool(urllib3.HTTPConnectionPool):
+            ConnectionCls = _Conn
+
+        class _SPool(urllib3.HTTPSConnectionPool):
+            ConnectionCls = _SConn
+
+        _POOL_CLASSES.update(http=_Pool, https=_SPool)
+    return _POOL_CLASSES
 
 
 def _session() -> Any:
     try:
         import requests
+        from requests.adapters import HTTPAdapter
     except ImportError:  # pragma: no cover - requests is a dependency
         raise error("DEPENDENCY_MISSING", "reading http(s):// files needs the 'requests' package: pip install requests") from None
     s = requests.Session()
     s.trust_env = False  # no .netrc credentials or proxies picked up behind the caller's back
+    adapter = HTTPAdapter()
+    adapter.poolmanager.pool_classes_by_scheme = _watched_pools()
+    s.mount("http://", adapter)
+    s.mount("https://", adapter)
     return s
 
 
@@ -178,13 +330,20 @@ def fetched_total() -> tuple[int, int]:
         return _TOTAL[0], _TOTAL[1]
 
 
+# Content-Range: ASCII digits only (int() would take '-5', '+5', ' 5', '5_0' and other scripts'
+# digits); 20 digits reach past 2**64, and a size the local mirror cannot hold is refused there.
+_CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,20})-([0-9]{1,20})/([0-9]{1,20})")
+_UNSATISFIED = re.compile(r"bytes \*/([0-9]{1,20})")
+
+
 class HttpRangeReader:
     """Byte ranges of one http(s) URL, read with ``Range`` requests.
 
     The first request (:meth:`read`) fixes the file's size (from ``Content-Range``) and its
     validator (ETag, else Last-Modified); every later request sends it as ``If-Range`` and every
     answer is compared with it.  :attr:`bytes_fetched` and :attr:`requests` count what was read.
-    Thread-safe: one ``requests`` session per thread.
+    Every read has a total deadline (:class:`HttpOptions`).  Thread-safe: one ``requests``
+    session per thread.
     """
 
     def __init__(self, url: str, options: HttpOptions | None = None):
@@ -225,12 +384,17 @@ class HttpRangeReader:
             h["Authorization"] = f"Bearer {self._token}"
         return h
 
-    def _get(self, start: int, stop: int) -> Any:
-        """The 206 answer to ``Range: bytes=start-(stop-1)``, redirects followed by the rules."""
+    def _get(self, start: int, stop: int, budget: Budget | None = None) -> Any:
+        """The 206 answer to ``Range: bytes=start-(stop-1)``, redirects followed by the rules;
+        each request's timeouts are cut to what is left of ``budget``."""
         url = self.url
         for _ in range(10):
+            left = budget.left() if budget is not None else float("inf")
+            if left <= 0:
+                raise _Deadline()
+            timeout = (max(min(self.options.connect_timeout, left), 0.001), max(min(self.options.read_timeout, left), 0.001))
             r = self._sess().get(url, headers=self._headers(url, start, stop), stream=True, allow_redirects=False,
-                                 timeout=(self.options.connect_timeout, self.options.read_timeout))
+                                 timeout=timeout)
             with self._lock:
                 self.requests += 1
             _count(0, 1)
@@ -262,9 +426,9 @@ class HttpRangeReader:
                                                 "whole file (status 200, no range support); remote files are read only by ranges")
         first = self.size is None
         if first and status == 416:  # the first request starts past the end: an empty file
-            total = r.headers.get("Content-Range", "").rpartition("/")[2].strip()
-            if total.isdigit() and int(total) <= start:
-                self.size, self.etag, self.last_modified = int(total), etag, lm
+            m = _UNSATISFIED.fullmatch(r.headers.get("Content-Range", "").strip())
+            if m and int(m.group(1)) <= start:
+                self.size, self.etag, self.last_modified = int(m.group(1)), etag, lm
                 return start
         if status != 206:
             hint = {404: " (not found)", 401: " (unauthorized: set QFORMAT_HTTP_TOKEN, or HF_TOKEN for huggingface.co)",
@@ -272,17 +436,17 @@ class HttpRangeReader:
                     416: " (range not satisfiable: the file is shorter than its header says)"}.get(status, "")
             raise error("REMOTE_HTTP_ERROR", f"{self.shown}: expected status 206 for bytes {start}-{stop - 1}, found {status}{hint}")
         cr = r.headers.get("Content-Range", "")
-        try:
-            unit, _, rest = cr.partition(" ")
-            span, _, total = rest.partition("/")
-            a, _, b = span.partition("-")
-            a_i, b_i, total_i = int(a), int(b), int(total)
-        except ValueError:
-            raise error("REMOTE_RANGE_INVALID", f"{self.shown}: expected 'Content-Range: bytes {start}-{stop - 1}/SIZE', found {cr!r}"[:300]) from None
-        if first and unit == "bytes" and a_i == start and b_i + 1 == total_i < stop:
+        m = _CONTENT_RANGE.fullmatch(cr.strip())
+        if m is None:
+            raise error("REMOTE_RANGE_INVALID", f"{self.shown}: expected 'Content-Range: bytes {start}-{stop - 1}/SIZE' (SIZE a "
+                                                f"number of bytes), found {cr[:120]!r}")
+        a_i, b_i, total_i = (int(g) for g in m.groups())
+        if b_i >= total_i:
+            raise error("REMOTE_RANGE_INVALID", f"{self.shown}: the answer's Content-Range {cr[:120]!r} ends past the file size it states")
+        if first and a_i == start and b_i + 1 == total_i < stop:
             stop = total_i  # the first request reached past the end: the server cut it there (RFC 9110 14.1.2)
-        if unit != "bytes" or (a_i, b_i + 1) != (start, stop):
-            raise error("REMOTE_RANGE_INVALID", f"{self.shown}: asked for bytes {start}-{stop - 1}, the answer's Content-Range is {cr!r}"[:300])
+        if (a_i, b_i + 1) != (start, stop):
+            raise error("REMOTE_RANGE_INVALID", f"{self.shown}: asked for bytes {start}-{stop - 1}, the answer's Content-Range is {cr[:120]!r}")
         if self.size is not None and total_i != self.size:
             self.changed = True
             raise error("REMOTE_CHANGED", f"{self.shown} changed while being read: its size was {self.size} bytes, now {total_i}")
@@ -293,72 +457,122 @@ class HttpRangeReader:
             self.size, self.etag, self.last_modified = total_i, etag, lm
         return stop
 
-    def _body(self, r: Any, start: int, stop: int) -> bytes:
-        """The body, exactly ``stop - start`` bytes, read in pieces against a deadline: the read
-        timeout bounds each wait, the deadline the whole (a server dripping a byte at a time)."""
+    def _body(self, r: Any, start: int, stop: int, budget: Budget, exact: bool = True) -> bytes:
+        """The body: exactly ``stop - start`` bytes (``exact``), else at most that many (a whole
+        small file answered with 200), read in pieces.  The read timeout bounds each wait; this
+        try is cut off past ``read_timeout + size / min_bytes_per_s`` (retried), and the read's
+        ``budget`` bounds all its tries."""
         n = stop - start
-        deadline = time.monotonic() + self.options.read_timeout + n / self.options.min_bytes_per_s
+        cutoff = time.monotonic() + self.options.read_timeout + n / self.options.min_bytes_per_s
         parts, got = [], 0
-        # read1 (urllib3 2): what has arrived, so the deadline is checked as a body drips in
+        cap = n + 1 if exact else n  # exact: one byte more than asked, so a body that runs long is seen
+        # read1 (urllib3 2): what has arrived, so the deadlines are checked as a body drips in
         read = getattr(r.raw, "read1", r.raw.read)
         try:
-            while got <= n:  # one byte more than asked: a body that runs long is seen
-                piece = read(min(1 << 20, n + 1 - got), decode_content=False)
+            while got < cap:
+                piece = read(min(1 << 20, cap - got), decode_content=not exact)
                 if not piece:
                     break
                 parts.append(piece)
                 got += len(piece)
-                if time.monotonic() > deadline:
+                budget.received(got)
+                if budget.passed():
+                    raise _Deadline()
+                if time.monotonic() > cutoff:
                     raise _Retry(f"the body came slower than {self.options.min_bytes_per_s:.0f} bytes/s")
-        except _Retry:
+        except (_Retry, _Deadline):
             raise
         except Exception as e:  # urllib3's ProtocolError/ReadTimeoutError: retried by the caller
+            if budget.passed():
+                raise _Deadline() from None
             raise _Retry(f"{type(e).__name__}: {e}") from None
+        if budget.passed():  # the watchdog ended the body: it looks cut short, but the deadline ended it
+            raise _Deadline()
         data = b"".join(parts)
-        if len(data) != n:
+        if exact and len(data) != n:
             raise error("REMOTE_RANGE_INVALID", f"{self.shown}: asked for bytes {start}-{stop - 1} ({n} bytes), the body "
                                                 f"{'ended after' if len(data) < n else 'ran past'} {min(len(data), n)} bytes")
         return data
 
     def read(self, start: int, length: int) -> bytes:
         """Bytes ``[start, start + length)``, retried with backoff on connection errors,
-        timeouts and 5xx/429 answers; every other failure is a coded error at once."""
+        timeouts and 5xx/429 answers, within the read's total deadline; every other failure is
+        a coded error at once."""
+        return self._read(start, start + length, whole_ok=False)
+
+    def _read(self, start: int, stop: int, whole_ok: bool) -> bytes:
+        """:meth:`read`; ``whole_ok``: a small file's fetch (:func:`fetch_bytes`), where a 200
+        answer (the whole file, at most ``stop`` bytes kept) and a 416 (an empty file) are
+        answers too."""
         import requests
 
-        stop = start + length
+        budget = Budget(self.options)
+        what = "the file" if whole_ok else f"bytes {start}-{stop - 1}"
         last = ""
-        for attempt in range(self.options.retries + 1):
-            if attempt:
-                time.sleep(self.options.backoff_s * 2 ** (attempt - 1))
-            try:
-                r = self._get(start, stop)
-            except (requests.ConnectionError, requests.Timeout) as e:
-                last = "timed out" if isinstance(e, requests.Timeout) else "connection failed or was dropped"
-                continue
-            except requests.RequestException as e:  # a malformed URL or answer: no retry helps
-                raise error("REMOTE_UNREACHABLE", f"{self.shown}: {type(e).__name__}") from None
-            try:
-                if r.status_code in _RETRY_STATUS:
-                    last = f"status {r.status_code}"
+        _LOCAL.budget = budget
+        try:
+            for attempt in range(self.options.retries + 1):
+                if attempt:
+                    pause = self.options.backoff_s * 2 ** (attempt - 1)
+                    if pause >= budget.left():
+                        break
+                    time.sleep(pause)
+                try:
+                    r = self._get(start, stop, budget)
+                except _Deadline:
+                    break
+                except (requests.ConnectionError, requests.Timeout) as e:
+                    last = "timed out" if isinstance(e, requests.Timeout) else "connection failed or was dropped"
+                    if budget.passed():
+                        break
                     continue
-                end = self._validate(r, start, stop)
-                data = self._body(r, start, end) if end > start else b""
-            except _Retry as e:
-                last = str(e)[:200]
-                continue
-            finally:
-                r.close()  # an unread body (a refused 200) is dropped with the connection, never read
-            with self._lock:
-                self.bytes_fetched += len(data)
-            _count(len(data))
-            return data
-        code = "REMOTE_HTTP_ERROR" if last.startswith("status") else "REMOTE_UNREACHABLE"
-        raise error(code, f"{self.shown}: bytes {start}-{stop - 1} could not be read in {self.options.retries + 1} "
-                          f"tries ({last}; timeouts {self.options.connect_timeout}s connect, {self.options.read_timeout}s read)")
+                except requests.RequestException as e:  # a malformed URL or answer: no retry helps
+                    if budget.passed():
+                        break
+                    raise error("REMOTE_UNREACHABLE", f"{self.shown}: {type(e).__name__}") from None
+                try:
+                    if r.status_code in _RETRY_STATUS:
+                        last = f"status {r.status_code}"
+                        continue
+                    if whole_ok and r.status_code == 416:  # an empty file: no byte satisfies the range
+                        return b""
+                    if whole_ok and r.status_code == 200:
+                        data = self._body(r, start, stop, budget, exact=False)
+                    else:
+                        end = self._validate(r, start, stop)
+                        data = self._body(r, start, end, budget) if end > start else b""
+                except _Retry as e:
+                    last = str(e)[:200]
+                    continue
+                except _Deadline:
+                    break
+                except QFormatError:
+                    if budget.expired:  # the watchdog cut the answer (its headers, say): what is wrong with it is the deadline's doing
+                        break
+                    raise
+                finally:
+                    r.close()  # an unread body (a refused 200) is dropped with the connection, never read
+                with self._lock:
+                    self.bytes_fetched += len(data)
+                _count(len(data))
+                return data
+            else:
+                code = "REMOTE_HTTP_ERROR" if last.startswith("status") else "REMOTE_UNREACHABLE"
+                raise error(code, f"{self.shown}: {what} could not be read in {self.options.retries + 1} "
+                                  f"tries ({last}; timeouts {self.options.connect_timeout}s connect, {self.options.read_timeout}s read)")
+        finally:
+            _LOCAL.budget = None
+            _WATCHDOG.disarm(budget)
+        raise error("REMOTE_UNREACHABLE", f"{self.shown}: {what} did not arrive in time: {budget.describe()}"
+                                          + (f"; last try: {last}" if last else ""))
 
 
 class _Retry(Exception):
     pass
+
+
+class _Deadline(Exception):
+    """The read's total deadline passed (its coded error is raised by the read)."""
 
 
 def read_remote_header(reader: HttpRangeReader) -> Header:
@@ -396,8 +610,14 @@ class RemoteFile:
         # closed with the last reference (arrays keep the map, which holds its own descriptor)
         weakref.finalize(self, self._file.close)
         size = self.header.file_size
-        self._file.truncate(size)  # sparse: no blocks until written
-        self.mm = mmap.mmap(self._file.fileno(), size, access=mmap.ACCESS_READ) if size else None
+        try:
+            self._file.truncate(size)  # sparse: no blocks until written
+            self.mm = mmap.mmap(self._file.fileno(), size, access=mmap.ACCESS_READ) if size else None
+        except (OSError, OverflowError, ValueError) as e:  # EFBIG past the filesystem's largest file; ENOMEM past the address space
+            self._file.close()
+            why = getattr(e, "strerror", None) or type(e).__name__
+            raise error("FILE_UNREADABLE", f"{self.reader.shown} is {size:,} bytes, larger than the local mirror it is read into "
+                                           f"(a sparse temporary file in {tempfile.gettempdir()}) can hold: {why}") from None
 
     @property
     def bytes_fetched(self) -> int:
@@ -573,45 +793,16 @@ def hash_remote_range(url: str, offset: int, nbytes: int, h: Any, chunk: int) ->
 
 
 def fetch_bytes(url: str, limit: int, options: HttpOptions | None = None) -> bytes:
-    """A small whole file (an index): at most ``limit`` bytes; None of the body is kept past
-    ``limit + 1`` bytes, whatever Content-Length says.  Retried as :meth:`HttpRangeReader.read`."""
-    import requests
-
+    """A small whole file (an index, a side JSON): at most ``limit + 1`` bytes are kept (one
+    more than allowed, so the caller sees a file that is too large), whatever Content-Length
+    says.  A range request: a 206 answer is validated as :meth:`HttpRangeReader.read`'s are
+    (it must start at byte 0), a server without ranges may answer 200 with the whole file.
+    Retried, and bounded by the total deadline, as :meth:`HttpRangeReader.read`."""
     opts = _options(options)
     if not url[:8].lower().startswith(("http://", "https://")):
         reader_ = _reader(url, opts)  # fsspec: its first read may stop at the file's end
         return reader_.read(0, limit + 1)
-    reader = HttpRangeReader(url, opts)
-    last = ""
-    for attempt in range(opts.retries + 1):
-        if attempt:
-            time.sleep(opts.backoff_s * 2 ** (attempt - 1))
-        try:
-            r = reader._get(0, limit + 1)  # a range request: a huge file is never sent whole
-        except (requests.ConnectionError, requests.Timeout) as e:
-            last = "timed out" if isinstance(e, requests.Timeout) else "connection failed or was dropped"
-            continue
-        except requests.RequestException as e:
-            raise error("REMOTE_UNREACHABLE", f"{reader.shown}: {type(e).__name__}") from None
-        try:
-            if r.status_code in _RETRY_STATUS:
-                last = f"status {r.status_code}"
-                continue
-            if r.status_code == 416:  # an empty file: no byte satisfies the range
-                return b""
-            if r.status_code not in (200, 206):
-                reader._validate(r, 0, limit + 1)  # the coded HTTP error
-            try:
-                data = r.raw.read(limit + 1, decode_content=True)
-            except Exception as e:
-                last = f"{type(e).__name__}"
-                continue
-            _count(len(data))
-            return data
-        finally:
-            r.close()
-    raise error("REMOTE_HTTP_ERROR" if last.startswith("status") else "REMOTE_UNREACHABLE",
-                f"{reader.shown} could not be read in {opts.retries + 1} tries ({last})")
+    return HttpRangeReader(url, opts)._read(0, limit + 1, whole_ok=True)
 
 
 from . import digests as _digests  # noqa: E402 - after hash_remote_range is defined

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 import math
 import mmap
 import threading
@@ -42,6 +43,7 @@ def empty_shape_problem(shape: tuple[int, ...], itemsize: int, what: str) -> str
             f"product of its non-zero entries is {span}, expected below 2^63")
 
 
+@lru_cache(maxsize=None)  # a few dtypes, asked once per tensor read: a file of 10^5 tensors asks 4 * 10^5 times
 def plain_reading(dtype: str) -> tuple[np.dtype, str]:
     """(NumPy dtype, how) of a plain tensor of storage ``dtype`` (SPEC.md §2.5, §2.6): ``view``
     (the bytes viewed in place), ``nibbles`` (F4: element 2k in the low nibble of byte k, 2k+1 in
@@ -125,6 +127,16 @@ class FileSource:
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if header.file_size else None
         except (OSError, ValueError) as e:
             raise error("FILE_UNREADABLE", f"cannot map {path!r}: {e}") from None
+
+    @classmethod
+    def from_bytes(cls, data: bytes, header: Header, path: str = "<bytes>") -> "FileSource":
+        """The stored tensors of a whole file held in memory (``data``, whose header is
+        ``header``): the same views as of a memory-mapped file, for fuzzers and tests
+        (:func:`qformat.io.open_bytes`)."""
+        src = cls.__new__(cls)
+        src.path, src.header, src.remote, src._local = path, header, None, threading.local()
+        src._mm = data
+        return src
 
     def info(self, name: str) -> TensorInfo | None:
         e = self.header.entries.get(name)

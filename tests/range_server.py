@@ -20,7 +20,7 @@ import re
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -49,7 +49,13 @@ class Faults:
     huge_length: bool = False  # claim a 1 PiB Content-Length (and Content-Range) on every answer
     status: int | None = None  # answer every GET/HEAD with this status (e.g. 403), no body
     many_headers: int = 0  # add this many junk header lines to every answer (clients cap the count)
-    drip_bytes_per_s: float | None = None  # send bodies in 256-byte pieces at about this rate (a slow drip)
+    drip_bytes_per_s: float | None = None  # send bodies in drip_piece-byte pieces at about this rate (a slow drip)
+    drip_piece: int = 256  # the drip's piece size (1: a byte at a time)
+    drip_headers: bool = False  # drip the status line and headers too (at drip_bytes_per_s, drip_piece at a time)
+    total: str | None = None  # the size part of every Content-Range ('-5', a 16 TiB total, 'x'), whatever the file's size
+    range_shift: int = 0  # a range answer whose Content-Range claims bytes shifted by this much (the body is the asked bytes)
+    short_body: int | None = None  # send only this many body bytes (the headers claim them all), then close the connection
+    reset_after: int | None = None  # send this many body bytes, then reset the connection (TCP RST)
     etag: bool = True  # send an ETag
     last_modified: bool = True  # send a Last-Modified
     require_token: str | None = None  # answer 401 unless "Authorization: Bearer <token>"
@@ -83,6 +89,16 @@ class ServedURL(str):
     log: ServerLog
     faults: Faults
     port: int
+    _counter: list[int]
+
+    def set_faults(self, faults: Faults) -> None:
+        """Serve with ``faults`` from now on, counting requests from 0 again and with an empty
+        log (a fuzz harness reuses one server for many iterations)."""
+        for f in fields(Faults):
+            setattr(self.faults, f.name, getattr(faults, f.name))
+        with self.log.lock:
+            self._counter[0] = 0
+        self.log.reset()
 
 
 def _changed_part(data: bytes, offset: int, size: int) -> bytes:
@@ -123,12 +139,18 @@ def _parse_ranges(header: str, size: int) -> list[tuple[int, int]] | None:
     return out
 
 
-def _make_handler(folder: Path, faults: Faults, log: ServerLog, counter: list[int]):
+def _make_handler(folder: Path, live: Faults, log: ServerLog, counter: list[int]):
     root = folder.resolve()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as real servers (and clients' pools) use
         disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
+
+        @property
+        def fx(self) -> Faults:
+            """The faults of the answer being sent: ``live`` as it was when its request came (a
+            test or a fuzz harness may change ``live`` between requests, never within one)."""
+            return self.__dict__.get("_fx", live)
 
         def log_message(self, format, *args):  # noqa: A002 - silence the stderr access log
             pass
@@ -150,23 +172,61 @@ def _make_handler(folder: Path, faults: Faults, log: ServerLog, counter: list[in
             self.send_header("Content-Length", "0")
             self.end_headers()
 
+        def flush_headers(self) -> None:
+            if self.fx.drip_headers and self.fx.drip_bytes_per_s and getattr(self, "_headers_buffer", None):
+                data = b"".join(self._headers_buffer)
+                self._headers_buffer = []
+                self._drip(data)
+                return
+            super().flush_headers()
+
+        def _drip(self, data: bytes) -> None:
+            step = max(1, self.fx.drip_piece)
+            for i in range(0, len(data), step):
+                time.sleep(step / self.fx.drip_bytes_per_s)
+                try:
+                    self.wfile.write(data[i : i + step])
+                    self.wfile.flush()
+                except OSError:
+                    self.close_connection = True
+                    return
+
+        def _reset(self) -> None:
+            """Abort the connection: a TCP RST instead of an orderly close."""
+            import socket
+            import struct
+
+            try:
+                self.wfile.flush()
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.connection.close()
+            except OSError:
+                pass
+            self.close_connection = True
+
         def _write(self, data: bytes) -> None:
+            if self.fx.reset_after is not None or self.fx.short_body is not None:
+                cut = self.fx.reset_after if self.fx.reset_after is not None else self.fx.short_body
+                data = data[: max(0, cut - self._sent)]
             view = memoryview(data)
-            step = 256 if faults.drip_bytes_per_s else _CHUNK
+            step = max(1, self.fx.drip_piece) if self.fx.drip_bytes_per_s else _CHUNK
             for i in range(0, len(view), step):
-                if faults.drip_bytes_per_s:
-                    time.sleep(step / faults.drip_bytes_per_s)
+                if self.fx.drip_bytes_per_s:
+                    time.sleep(step / self.fx.drip_bytes_per_s)
                 piece = view[i : i + step]
                 # counted before the write: once the client has the bytes, the count includes them
                 with log.lock:
                     log.bytes_sent += len(piece)
                 try:
                     self.wfile.write(piece)
+                    if self.fx.drip_bytes_per_s:
+                        self.wfile.flush()
                 except OSError:  # the client hung up (it refused a 200, say): stop sending
                     with log.lock:
                         log.bytes_sent -= len(piece)
                     self.close_connection = True
                     return
+                self._sent += len(piece)
 
         def _file(self) -> Path | None:
             rel = unquote(urlsplit(self.path).path).lstrip("/")
@@ -189,34 +249,36 @@ def _make_handler(folder: Path, faults: Faults, log: ServerLog, counter: list[in
             self._serve(head=False)
 
         def _serve(self, head: bool) -> None:
+            self._fx = replace(live)
+            self._sent = 0  # body bytes of this answer written so far (short_body, reset_after)
             with log.lock:
                 n = counter[0]
                 counter[0] += 1
                 log.requests.append(("HEAD" if head else "GET", self.path, self.headers.get("Range")))
                 log.headers.append(dict(self.headers.items()))
-            if faults.delay_s and (faults.delay_first is None or n < faults.delay_first):
-                time.sleep(faults.delay_s)
-            if n < faults.drop_first:
+            if self.fx.delay_s and (self.fx.delay_first is None or n < self.fx.delay_first):
+                time.sleep(self.fx.delay_s)
+            if n < self.fx.drop_first:
                 self.close_connection = True  # no status line at all: the client sees a reset/EOF
                 return
-            if n < faults.drop_first + faults.fail_5xx_first:
+            if n < self.fx.drop_first + self.fx.fail_5xx_first:
                 return self._empty(503)
-            if faults.status is not None:
-                return self._empty(faults.status)
-            if faults.require_token is not None:
-                if self.headers.get("Authorization") != f"Bearer {faults.require_token}":
+            if self.fx.status is not None:
+                return self._empty(self.fx.status)
+            if self.fx.require_token is not None:
+                if self.headers.get("Authorization") != f"Bearer {self.fx.require_token}":
                     return self._empty(401)
             path_part = urlsplit(self.path).path
-            if faults.redirect_to is not None and (faults.redirect_from is None or path_part.startswith(faults.redirect_from)):
-                rest = path_part[len(faults.redirect_from):] if faults.redirect_from else path_part
-                target = faults.redirect_to.rstrip("/") + "/" + rest.lstrip("/")
+            if self.fx.redirect_to is not None and (self.fx.redirect_from is None or path_part.startswith(self.fx.redirect_from)):
+                rest = path_part[len(self.fx.redirect_from):] if self.fx.redirect_from else path_part
+                target = self.fx.redirect_to.rstrip("/") + "/" + rest.lstrip("/")
                 return self._empty(302, {"Location": target})
             path = self._file()
             if path is None:
                 return self._empty(404)
             st = path.stat()
             size, mtime = st.st_size, st.st_mtime
-            changed = faults.change_after is not None and n >= faults.change_after
+            changed = self.fx.change_after is not None and n >= self.fx.change_after
             if changed:
                 mtime += 3600
 
@@ -228,25 +290,25 @@ def _make_handler(folder: Path, faults: Faults, log: ServerLog, counter: list[in
                 return _changed_part(data, a, size) if changed else data
 
             validators = {}
-            if faults.etag:  # from size and date (hashing a large file per request would be the bottleneck)
+            if self.fx.etag:  # from size and date (hashing a large file per request would be the bottleneck)
                 validators["ETag"] = f'"{size:x}-{int(st.st_mtime * 1e6):x}{"-changed" if changed else ""}"'
-            if faults.last_modified:
+            if self.fx.last_modified:
                 validators["Last-Modified"] = formatdate(mtime, usegmt=True)
 
             ranges = None
             rng = self.headers.get("Range")
-            if rng is not None and not faults.ignore_range:
+            if rng is not None and not self.fx.ignore_range:
                 if_range = self.headers.get("If-Range")
                 # If-Range: the range applies only when the validator still matches (else the
                 # whole, current file: RFC 9110 13.1.5).
                 if if_range is None or if_range in (validators.get("ETag"), validators.get("Last-Modified")):
                     ranges = _parse_ranges(rng, size)
             if ranges == []:
-                return self._empty(416, {"Content-Range": f"bytes */{size}", **validators})
+                return self._empty(416, {"Content-Range": f"bytes */{size if self.fx.total is None else self.fx.total}", **validators})
 
             self.send_response(200 if ranges is None else 206)
             self._cors()
-            for i in range(faults.many_headers):
+            for i in range(self.fx.many_headers):
                 self.send_header(f"X-Junk-{i}", "x" * 64)
             self.send_header("Accept-Ranges", "bytes")
             for k, v in validators.items():
@@ -254,23 +316,23 @@ def _make_handler(folder: Path, faults: Faults, log: ServerLog, counter: list[in
             if ranges is None:
                 body = None  # the whole file, streamed below
                 self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(HUGE if faults.huge_length else size))
+                self.send_header("Content-Length", str(HUGE if self.fx.huge_length else size))
             elif len(ranges) == 1:
                 a, b = ranges[0]
                 body = read(a, b)
-                if faults.wrong_length and body:
+                if self.fx.wrong_length and body:
                     body = body[:-1]
-                claimed = HUGE if faults.huge_length else len(body)
-                end = a + HUGE - 1 if faults.huge_length else b
+                claimed = HUGE if self.fx.huge_length else len(body)
+                end = a + HUGE - 1 if self.fx.huge_length else b
                 self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Range", f"bytes {a}-{end}/{size}")
+                self.send_header("Content-Range", f"bytes {a + self.fx.range_shift}-{end + self.fx.range_shift}/{size if self.fx.total is None else self.fx.total}")
                 self.send_header("Content-Length", str(claimed))
             else:
                 boundary = "qformat-" + os.urandom(8).hex()
                 parts = []
                 for a, b in ranges:
                     chunk = read(a, b)
-                    if faults.wrong_length and chunk:
+                    if self.fx.wrong_length and chunk:
                         chunk = chunk[:-1]
                     parts.append(
                         f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n"
@@ -278,7 +340,7 @@ def _make_handler(folder: Path, faults: Faults, log: ServerLog, counter: list[in
                     )
                 body = b"".join(parts) + f"\r\n--{boundary}--\r\n".encode()
                 self.send_header("Content-Type", f"multipart/byteranges; boundary={boundary}")
-                self.send_header("Content-Length", str(HUGE if faults.huge_length else len(body)))
+                self.send_header("Content-Length", str(HUGE if self.fx.huge_length else len(body)))
             self.end_headers()
             if head:
                 return
@@ -289,10 +351,22 @@ def _make_handler(folder: Path, faults: Faults, log: ServerLog, counter: list[in
                         break
             else:
                 self._write(body)
-            if faults.huge_length:
+            if self.fx.reset_after is not None:
+                self._reset()
+            elif self.fx.huge_length or self.fx.short_body is not None:
                 self.close_connection = True  # the claimed length was never sent: end the stream
 
     return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a handler sleeping in delay_s must not hold up shutdown
+
+    def handle_error(self, request, client_address) -> None:  # noqa: ANN001
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client that hung up is no server error
+            super().handle_error(request, client_address)
 
 
 @contextmanager
@@ -304,13 +378,13 @@ def serve_ranges(folder: Path, faults: Faults | None = None, host: str = "127.0.
     ``.port``."""
     faults = faults if faults is not None else Faults()
     log = ServerLog()
-    server = ThreadingHTTPServer((host, 0), _make_handler(Path(folder), faults, log, [0]))
-    server.daemon_threads = True  # a handler sleeping in delay_s must not hold up shutdown
+    counter = [0]
+    server = _Server((host, 0), _make_handler(Path(folder), faults, log, counter))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     port = server.server_address[1]
     url = ServedURL(f"http://{host}:{port}/")
-    url.log, url.faults, url.port = log, faults, port
+    url.log, url.faults, url.port, url._counter = log, faults, port, counter
     try:
         yield url
     finally:

@@ -131,6 +131,21 @@ def test_help_exits_0() -> None:
     assert "--json" in r.stdout and "--header-only" in r.stdout
 
 
+@pytest.mark.parametrize("argv", [
+    ["check", "x"], ["convert", "x", "y"], ["quantize", "x", "y"], ["merge", "y"], ["dequantize", "x", "y"],
+    ["export", "x", "y"], ["inspect", "x"], ["diff", "x", "y"], ["conformance", "run", "--reader", "r"], ["conformance", "read", "x", "y"],
+], ids=lambda a: "-".join(a[:2]) if a[0] == "conformance" else a[0])
+def test_every_command_taking_paths_has_the_remote_options(argv: list[str]) -> None:
+    """``--show-secrets`` and ``--deadline SECONDS`` (qformat.redact, qformat.remote) on every
+    command that takes a path, with the same meaning."""
+    from qformat.cli import _parser
+
+    args = _parser().parse_args([*argv, "--show-secrets", "--deadline", "2.5"])
+    assert args.show_secrets is True and args.deadline == 2.5
+    args = _parser().parse_args(argv)
+    assert args.show_secrets is False and args.deadline is None
+
+
 def _problem_keys(p: dict[str, Any]) -> None:
     assert {"code", "tensor", "message"} <= set(p)
     assert isinstance(p["code"], str) and isinstance(p["message"], str) and p["message"]

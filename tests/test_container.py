@@ -242,3 +242,34 @@ def test_float8_components_interoperate_with_safetensors_torch(tmp_path: Path) -
     back = qformat.load_file(tmp_path / "back.safetensors")
     for k, v in t.items():
         _assert_same(back[k], v)
+
+
+def _open_bytes_cases() -> list[Any]:
+    from .filebuild import valid_file
+
+    good = valid_file()
+    mine = [("valid", good), ("truncated", good[:-3]), ("trailing", good + b"\0"), ("empty", b""), ("short", b"\x10\0\0")]
+    return [pytest.param(d, id=i) for i, d in mine] + [pytest.param(p.values[0], id=p.id) for p in BOTH_REFUSE]
+
+
+@pytest.mark.parametrize("data", _open_bytes_cases())
+def test_open_bytes_reads_what_a_file_reads(data: bytes, tmp_path: Path) -> None:
+    """qformat.io.open_bytes, the in-memory entry point for fuzzers (issue 40): the same tensors,
+    or the same code, as load_file of the same bytes in a file."""
+    from qformat.io import open_bytes
+
+    p = tmp_path / "f.safetensors"
+    p.write_bytes(data)
+    try:
+        want: Any = qformat.load_file(p)
+    except QFormatError as e:
+        want = e.code
+    try:
+        f = open_bytes(data)
+        got: Any = {k: f.get_tensor(k) for k in f.keys()}
+    except QFormatError as e:
+        got = e.code
+    if isinstance(want, str):
+        assert got == want
+    else:
+        assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)

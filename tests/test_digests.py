@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,8 @@ from qformat.container import read_header
 from qformat.errors import QFormatError
 
 from .filebuild import int4_expected, int4_tensor
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _save(path: Path, **extra: np.ndarray) -> dict[str, np.ndarray]:
@@ -111,18 +114,98 @@ def test_check_cli_digests_flag(tmp_path: Path) -> None:
     assert r.returncode == 1 and "DIGEST_MISMATCH" in r.stdout and "'b'" in r.stdout
 
 
-def test_unknown_algorithm_is_unsupported_only_where_digests_are_verified(tmp_path: Path) -> None:
-    d, c = int4_tensor("w")
-    q = {"version": "1.2", "tensors": {"w": d}, "digests": {"algorithm": "blake3", "tensors": {"w.codes": "ab"}}}
-    p = tmp_path / "a.safetensors"
+def _digests_file(path: Path, digests: dict) -> None:
+    """A 1.2 file of int4 tensor ``w`` and plain ``b`` whose qformat object records ``digests``."""
     from .filebuild import build_file
 
-    p.write_bytes(build_file(c, qformat=json.dumps(q)))
+    d, c = int4_tensor("w")
+    q = {"version": "1.2", "tensors": {"w": d}, "digests": digests}
+    path.write_bytes(build_file({**c, "b": np.arange(3, dtype=np.float32)}, qformat=json.dumps(q)))
+
+
+def _sha(path: Path) -> dict[str, str]:
+    return {n: hashlib.sha256(b).hexdigest() for n, b in _stored(path).items()}
+
+
+def test_unknown_algorithm_is_unsupported_only_where_digests_are_verified(tmp_path: Path) -> None:
+    p = tmp_path / "a.safetensors"
+    _digests_file(p, {"algorithm": "blake3", "tensors": {"w.codes": "ab"}})
     qformat.load_file(p)
     assert [x.code for x in qformat.check(p, digests=True).problems] == ["DIGEST_UNSUPPORTED"]
+    assert qformat.check(p).ok  # a checker that does not verify digests reports nothing
     with pytest.raises(QFormatError) as ei:
         qformat.safe_open(p, verify=True)
     assert ei.value.code == "DIGEST_UNSUPPORTED"
+
+
+def test_commands_refuse_an_unknown_algorithm_as_check_digests_does(tmp_path: Path) -> None:
+    """Issue 40: dequantize, convert and export verify the digests of what they read (SPEC.md §3.8
+    as a verifying reader, §12.5 as a checker): an algorithm they cannot verify refuses the file,
+    DIGEST_UNSUPPORTED on field digests.algorithm, nothing written; they skipped it silently.
+    ``--no-check`` (unchecked()) still reads it, and inspect, which reads no tensor, lists it."""
+    from qformat.checkpoint.source import unchecked
+    from qformat.convert import convert
+    from qformat.export import export
+    from qformat.inspection import inspect_checkpoint
+
+    p = tmp_path / "a.safetensors"
+    _digests_file(p, {"algorithm": "blake3", "tensors": {"w.codes": "ab", "b": "cd"}})
+    [want] = [(x.code, x.tensor, x.field) for x in qformat.check(p, digests=True).problems]
+    runs = {"dequantize": lambda dst: qformat.dequantize_checkpoint(p, dst),
+            "convert": lambda dst: convert(p, dst),
+            "export": lambda dst: export(p, dst, "gguf")}
+    for what, run in runs.items():
+        dst = tmp_path / f"{what}.{'gguf' if what == 'export' else 'safetensors'}"
+        with pytest.raises(QFormatError) as ei:
+            run(dst)
+        assert (ei.value.code, ei.value.tensor, ei.value.field) == want == ("DIGEST_UNSUPPORTED", None, "digests.algorithm"), what
+        assert not dst.exists() and sorted(x.name for x in tmp_path.iterdir()) == ["a.safetensors"], what
+    with unchecked():
+        qformat.dequantize_checkpoint(p, tmp_path / "dq.safetensors")
+    assert inspect_checkpoint(p) is not None
+
+
+def test_a_digest_listed_under_a_logical_name_refuses_that_tensor(tmp_path: Path) -> None:
+    """Issue 40: SPEC.md §3.8 case 2: 'digests' lists stored names only; a listed name that is no
+    stored tensor (here the logical name 'w') is DIGEST_MISMATCH for that name, and a verifying
+    reader refuses the logical tensor so named.  The readers ignored it; now check --digests,
+    load_file/safe_open(verify=True) and the commands give the same code, tensor and field."""
+    p = tmp_path / "a.safetensors"
+    _digests_file(p, {"algorithm": "sha256", "tensors": {}})
+    _digests_file(p, {"algorithm": "sha256", "tensors": {**_sha(p), "w": "0" * 64}})  # every stored digest right
+    want = ("DIGEST_MISMATCH", "w", "digests.tensors['w']")
+    assert [(x.code, x.tensor, x.field) for x in qformat.check(p, digests=True).problems] == [want]
+    qformat.load_file(p)  # a reader that does not verify decodes
+    with pytest.raises(QFormatError) as ei:
+        qformat.load_file(p, verify=True)
+    assert (ei.value.code, ei.value.tensor, ei.value.field) == want
+    with qformat.safe_open(p, verify=True) as f:
+        np.testing.assert_array_equal(f.get_tensor("b"), np.arange(3, dtype=np.float32))  # every other tensor still reads
+        with pytest.raises(QFormatError) as ei:
+            f.get_tensor("w")
+        assert (ei.value.code, ei.value.tensor, ei.value.field) == want
+    with pytest.raises(QFormatError) as ei:
+        qformat.dequantize_checkpoint(p, tmp_path / "dq.safetensors")
+    assert (ei.value.code, ei.value.tensor, ei.value.field) == want
+    assert not (tmp_path / "dq.safetensors").exists()
+
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_javascript_reader_refuses_a_digest_listed_under_a_logical_name(tmp_path: Path) -> None:
+    """The same file through the JavaScript reader's openFile(path, {verify: true}): it read 'w'
+    (its digest check looked at 'w''s components only); now the same code, tensor and field."""
+    p = tmp_path / "a.safetensors"
+    _digests_file(p, {"algorithm": "sha256", "tensors": {}})
+    _digests_file(p, {"algorithm": "sha256", "tensors": {**_sha(p), "w": "0" * 64}})
+    script = ("import { openFile } from " + json.dumps((ROOT / "readers/js/src/node.js").as_uri()) + ";"
+              "const f = openFile(process.argv[1], { verify: true }); const out = { b: f.getTensor('b').shape };"
+              "try { f.getTensor('w'); out.w = 'read'; } catch (e) { out.w = [e.code, e.tensor, e.field]; }"
+              "console.log(JSON.stringify(out));")
+    r = subprocess.run(["node", "--input-type=module", "-e", script, str(p)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out == {"b": [3], "w": ["DIGEST_MISMATCH", "w", "digests.tensors[\"w\"]"]}
 
 
 def test_checkpoint_writers_record_digests_and_commands_refuse_damage(tmp_path: Path) -> None:
@@ -161,3 +244,14 @@ def test_copied_bodies_get_the_digest_of_the_copied_bytes(tmp_path: Path) -> Non
     q = _qobj(out)
     assert q["version"] == "1.2" and q["digests"]["tensors"]["t"] == hashlib.sha256(body.tobytes()).hexdigest()
     assert qformat.check(out, digests=True).ok
+
+
+def test_a_tensor_named_like_a_digest_does_not_confuse_the_writer(tmp_path: Path) -> None:
+    """The writer finds its digest placeholders in one pass over the header (issue 40: one search
+    per placeholder was quadratic): names made of 64 hexadecimal digits are no placeholders."""
+    p = tmp_path / "a.safetensors"
+    names = {"0" * 64: np.zeros(2, np.float32), hashlib.sha256(b"x").hexdigest(): np.ones(2, np.float32)}
+    _save(p, **names)
+    assert qformat.check(p, digests=True).ok
+    q = _qobj(p)
+    assert all(q["digests"]["tensors"][n] == hashlib.sha256(v.tobytes()).hexdigest() for n, v in names.items())

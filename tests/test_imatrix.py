@@ -216,6 +216,94 @@ def test_bad_legacy_files_refused(tmp_path: Path) -> None:
     _refused(tmp_path / "missing.dat", "cannot read")
 
 
+def test_legacy_counts_checked_before_anything_is_read(tmp_path: Path) -> None:
+    """Counts claiming more than the file holds are refused before a read or an allocation."""
+    import tracemalloc
+
+    good = dat_bytes({"blk.0.attn_q.weight": (np.ones(8, np.float32), 1)})
+    cases = {
+        "entry count 2^31-1": (struct.pack("<i", 2**31 - 1) + good[4:], "entry count is 2147483647"),
+        "value count 2^31-1": (good[:4 + 4 + 19 + 4] + struct.pack("<i", 2**31 - 1) + good[4 + 4 + 19 + 8:], "value count is 2147483647"),
+        "name length 2^31-1": (good[:4] + struct.pack("<i", 2**31 - 1) + good[8:], "name length is 2147483647"),
+        "dataset name 2^31-1": (good[:-(4 + 15)] + struct.pack("<i", 2**31 - 1) + b"x" * 15, "dataset name length is 2147483647"),
+    }
+    for name, (data, words) in cases.items():
+        p = tmp_path / f"{name}.dat"
+        p.write_bytes(data)
+        tracemalloc.start()
+        try:
+            _refused(p, words)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20, (name, peak)
+
+
+_PEAK = """
+import sys
+from qformat.imatrix import load_imatrix
+if len(sys.argv) > 1:
+    m = load_imatrix(sys.argv[1])
+    assert len(m.entries) == 1
+with open("/proc/self/status") as f:
+    print(next(line for line in f if line.startswith("VmHWM:")).split()[1])
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc")
+def test_legacy_file_is_read_entry_by_entry(tmp_path: Path) -> None:
+    """A valid entry followed by 1 GiB the reader has no use for (sparse: no disk taken) is read
+    without that GiB: the reader took the whole file into memory first (+1 GB here, and 3.9 GB
+    for an entry claiming the GiB as values) before this was fixed."""
+    import subprocess
+    import sys
+
+    p = write_dat(tmp_path / "m.dat", {"blk.0.attn_q.weight": (np.ones(8, np.float32), 1)})
+    with open(p, "r+b") as f:
+        f.truncate(p.stat().st_size + (1 << 30))
+
+    def peak(*args: str) -> int:
+        r = subprocess.run([sys.executable, "-c", _PEAK, *args], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return int(r.stdout.split()[-1]) * 1024
+
+    base, read = peak(), peak(str(p))
+    assert read - base < 64 << 20, (base >> 20, read >> 20)
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "dat"])
+@pytest.mark.parametrize(("value", "words"), [(np.inf, "value 5 is inf"), (np.nan, "value 5 is nan"), (-1.0, "value 5 is -1"),
+                                              (1e36, "value 5 is 1e+36"), (2.0**65, "overflow binary32")])
+def test_importance_values_out_of_range_name_the_entry(tmp_path: Path, fmt: str, value: float, words: str) -> None:
+    v = np.ones(64, np.float32)
+    v[5] = value
+    name = "blk.3.ffn_down.weight"
+    p = (write_gguf(tmp_path / "m.gguf", {name: (v, np.array([1.0]))}) if fmt == "gguf" else
+         write_dat(tmp_path / "m.dat", {name: (v, 1)}))
+    e = _refused(p, words, "expected a mean square of activations from 0 to 1.84467e+19")
+    assert e.tensor == name
+
+
+def test_largest_importance_value_is_taken(tmp_path: Path) -> None:
+    v = np.full(64, 2.0**64, np.float32)
+    assert np.array_equal(load_imatrix(write_dat(tmp_path / "m.dat", {"t": (v, 1)})).entries["t"], v)
+
+
+def test_gguf_imatrix_tensors_may_not_share_bytes(tmp_path: Path) -> None:
+    """Two entries' tensors naming the same bytes (a small file claiming much more): refused by
+    the GGUF reader, as an IMATRIX_INVALID."""
+    p = write_gguf(tmp_path / "m.gguf", {"a": (np.ones(64, np.float32), np.array([1.0])), "b": (np.ones(64, np.float32), np.array([1.0]))})
+    from .gguf_hostile import read_parts, to_bytes
+
+    parts = read_parts(p)
+    for t in parts.tensors:
+        t.data = b""
+    raw = bytearray(to_bytes(parts))  # every tensor at offset 0, claiming its full size over no data
+    raw += bytes(1024)
+    (tmp_path / "n.gguf").write_bytes(bytes(raw))
+    _refused(tmp_path / "n.gguf", "overlaps tensor", "not a readable GGUF file")
+
+
 # -- presets and checkpoints ------------------------------------------------------------------------
 def test_presets_take_the_imatrix_branches() -> None:
     shapes = _llama_shapes(16, 256, 128, 512, 64)
@@ -316,6 +404,25 @@ def test_imatrix_refusals(tmp_path: Path) -> None:
     assert s.quantized_tensors == 16
 
 
+@pytest.mark.parametrize("preset", ["Q4_K_M", "Q4_0"])
+def test_overflowing_importance_is_blamed_on_the_imatrix(tmp_path: Path, preset: str) -> None:
+    """Importance values that make ggml's weighted quantizers overflow (1e36 for ordinary
+    weights) are the importance matrix's fault, named by entry: before, quantize refused the
+    weights (ENCODE_INPUT_INVALID, "its values are too large") and named no tensor."""
+    from qformat.checkpoint.quantize import quantize_checkpoint
+
+    src, cfg, ts = _llama_folder(tmp_path)
+    entries = _imatrix_for(ts, cfg)
+    s, _ = entries["blk.0.attn_q.weight"]
+    s = s.copy()
+    s[5] = 1e36
+    entries["blk.0.attn_q.weight"] = (s, np.array([1.0]))
+    with pytest.raises(QFormatError) as e:
+        quantize_checkpoint(src, tmp_path / "o", preset=preset, imatrix=write_gguf(tmp_path / "im.gguf", entries))
+    assert e.value.code == "IMATRIX_INVALID" and e.value.tensor == "blk.0.attn_q.weight" and "1e+36" in str(e.value)
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_imatrix_errors_are_coded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from qformat.cli import main
 
@@ -324,3 +431,44 @@ def test_cli_imatrix_errors_are_coded(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["quantize", str(src), str(tmp_path / "o"), "--preset", "Q4_K_M", "--imatrix", str(tmp_path / "junk.dat")]) != 0
     err = capsys.readouterr().err
     assert "IMATRIX_INVALID" in err and "Traceback" not in err
+
+
+def test_weights_that_overflow_are_named(tmp_path: Path) -> None:
+    """Weights too large for a type's F16 block scales are the weights' fault (ENCODE_INPUT_INVALID),
+    and the refusal names the tensor (before, the encoder's message named none)."""
+    from safetensors.numpy import save_file
+
+    from qformat.checkpoint.quantize import quantize_checkpoint
+
+    src = tmp_path / "src"
+    src.mkdir()
+    name = "model.layers.0.mlp.up_proj.weight"
+    save_file({name: (np.random.default_rng(0).standard_normal((8, 256)) * 1e6).astype(np.float32)}, str(src / "model.safetensors"))
+    (tmp_path / "r.toml").write_text('[[rules]]\nglob = "*"\nscheme = "gguf"\ntype = "Q4_0"\n')
+    with pytest.raises(QFormatError) as e:
+        quantize_checkpoint(src, tmp_path / "o", recipe=tmp_path / "r.toml")
+    assert e.value.code == "ENCODE_INPUT_INVALID" and e.value.tensor == name
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_encoder_failure_only_with_the_importance_is_the_imatrix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the weighted quantizer refuses and the same weights encode without the importance
+    vector, the refusal is IMATRIX_INVALID naming the tensor.  (In-range importance values have not
+    been seen to do this with ggml's quantizers, so the weighted encoder's refusal is simulated.)"""
+    import qformat.schemes as schemes_mod
+    from qformat.checkpoint.quantize import quantize_checkpoint
+    from qformat.errors import error
+
+    real = schemes_mod.quantize
+
+    def weighted_fails(x, scheme, **kw):
+        if "importance" in kw:
+            raise error("ENCODE_INPUT_INVALID", "simulated overflow of the weighted quantizer")
+        return real(x, scheme, **kw)
+
+    monkeypatch.setattr(schemes_mod, "quantize", weighted_fails)
+    src, cfg, ts = _llama_folder(tmp_path)
+    with pytest.raises(QFormatError) as e:
+        quantize_checkpoint(src, tmp_path / "o", preset="Q4_0", imatrix=write_gguf(tmp_path / "im.gguf", _imatrix_for(ts, cfg)))
+    assert e.value.code == "IMATRIX_INVALID" and e.value.tensor in ts and "simulated overflow" in str(e.value)
+    assert not (tmp_path / "o").exists()

@@ -13,10 +13,13 @@ import sys
 from typing import Any, Callable, Iterable, TextIO
 
 from .writer import IndexSpec, SideFile, destination_error
-from ..errors import QFormatError, error
+from ..errors import error
+from ..paths import hub_blobs, link_target, unreadable
 from ..model import METADATA_KEY
 
 INDEX_NAME = "model.safetensors.index.json"
+#: The code of a source folder entry the path policy refuses (a link leaving it, a device).
+SOURCE_CODE = "CONVERT_SOURCE_INVALID"
 
 
 def parse_size(size: Any) -> int:
@@ -90,23 +93,26 @@ def side_files(folder: str, skip: Iterable[str] = (), exclude: Iterable[str] = (
     the source).  A ``*.safetensors`` file inside a subfolder is a module's own weights (a
     sentence-transformers Dense layer) and is copied as it is.
 
-    Links: a link to a file is copied as the file's contents when the file lies inside the
-    folder, or in the ``blobs/`` of the huggingface_hub cache repository whose snapshot the
-    folder is (every file of a snapshot is such a link).  A link to anything else, a link to a
-    folder, a broken link or a file that is not a regular file is refused
-    (``CONVERT_SOURCE_INVALID``, naming it) rather than followed or silently dropped.  Nothing
-    is read here; the writer copies each file's bytes into its temporary folder."""
+    Links (:mod:`qformat.paths`, the one path policy): a link to a regular file is copied as
+    the file's contents when the file lies inside the folder, or directly in the real ``blobs/``
+    folder of the huggingface_hub cache repository whose snapshot the folder is (every file of a
+    snapshot is such a link; a ``blobs`` that is itself a link is not followed).  A link to
+    anything else, a link to a folder, a broken link or a file that is not a regular file is
+    refused (``CONVERT_SOURCE_INVALID``, naming it) rather than followed or silently dropped;
+    a file or folder that cannot be opened is ``FILE_UNREADABLE``, naming it.  Each file is
+    opened (not read) here, so an unreadable one stops the command before anything is written;
+    the writer copies each file's bytes into its temporary folder."""
     root = os.path.realpath(folder)
-    allowed = [root] + _hub_blobs(root)
+    blobs = hub_blobs(root)
     skip, excluded = set(skip), {os.path.realpath(p) for p in exclude}
     out: list[SideFile] = []
 
-    def refuse(rel: str, why: str) -> QFormatError:
-        return error("CONVERT_SOURCE_INVALID", f"{os.path.join(folder, rel)} {why}; remove it or replace it with the file itself", field=rel)
-
     def walk(path: str, rel: str) -> None:
-        with os.scandir(path) as it:
-            entries = sorted(it, key=lambda e: e.name)
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            raise unreadable(path, e) from None
         for e in entries:
             name = rel + e.name
             if e.name.startswith(".qformat-") or (not rel and (e.name in skip or is_weight_file(e.name))):
@@ -114,22 +120,27 @@ def side_files(folder: str, skip: Iterable[str] = (), exclude: Iterable[str] = (
             if e.is_dir(follow_symlinks=False):
                 if not e.name.startswith(".") and os.path.realpath(e.path) not in excluded:
                     walk(e.path, name + "/")
-            elif e.is_symlink():
-                target = os.path.realpath(e.path)
-                if not any(target == a or target.startswith(a + os.sep) for a in allowed):
-                    raise refuse(name, f"is a link to {target}, outside the model folder, which qformat does not follow")
-                if os.path.isdir(target):
-                    raise refuse(name, "is a link to a folder, which qformat does not follow")
-                if not os.path.isfile(target):
-                    raise refuse(name, "is a broken link or a link to something that is not a regular file")
-                out.append(SideFile(target, name))
+                continue
+            if e.is_symlink():
+                source = link_target(root, e.path, name, code=SOURCE_CODE, blobs=blobs)
             elif e.is_file(follow_symlinks=False):
-                out.append(SideFile(e.path, name))
+                source = e.path
             else:
-                raise refuse(name, "is not a regular file (a device, pipe or socket)")
+                raise error(SOURCE_CODE, f"file {name!r} (in {root}) is not a regular file (a device, pipe or socket); remove it",
+                            field=name)
+            _openable(source)
+            out.append(SideFile(source, name))
 
     walk(root, "")
     return out
+
+
+def _openable(path: str) -> None:
+    """FILE_UNREADABLE, naming ``path``, unless it can be opened for reading (nothing is read)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)))
+    except OSError as e:
+        raise unreadable(path, e) from None
 
 
 def source_side_files(ck: Any, dst: str, skip: Iterable[str] = ()) -> list[SideFile]:
@@ -140,14 +151,6 @@ def source_side_files(ck: Any, dst: str, skip: Iterable[str] = ()) -> list[SideF
         return []
     own = set(ck.files) | ({ck.index_name} if ck.index_name else set())
     return side_files(ck.folder, {*skip, *own}, exclude=[dst])
-
-
-def _hub_blobs(root: str) -> list[str]:
-    """``[.../models--org--name/blobs]`` when ``root`` is a snapshot of a huggingface_hub cache
-    repository (``.../models--org--name/snapshots/<revision>``), whose files link there."""
-    parent = os.path.dirname(root)
-    blobs = os.path.join(os.path.dirname(parent), "blobs")
-    return [os.path.realpath(blobs)] if os.path.basename(parent) == "snapshots" and os.path.isdir(blobs) else []
 
 
 def config_bytes(config: Any, quantization_config: dict[str, Any] | None) -> bytes:

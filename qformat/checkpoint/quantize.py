@@ -502,11 +502,30 @@ def _quantized_unit(ck: Any, name: str, info: Any, c: Choice, taken: set[str],
         from ..schemes import quantize
 
         extra = {} if importance is None else {"importance": importance}
-        q = quantize(ck.array(name), c.scheme, dtype=dtype, **c.params, **extra)
+        try:
+            q = quantize(ck.array(name), c.scheme, dtype=dtype, **c.params, **extra)
+        except QFormatError as e:
+            if e.tensor is not None:
+                raise
+            if importance is not None and e.code == "ENCODE_INPUT_INVALID" and _encodes(name, c, dtype):
+                # the weights alone encode: the importance values overflowed the weighted quantizer
+                raise error("IMATRIX_INVALID", f"the importance matrix's entry for this tensor (largest value "
+                            f"{float(np.max(importance)):.6g}) makes the weighted quantizer fail ({e.message}); the same "
+                            "weights quantize without it", tensor=name, field="imatrix") from None
+            raise error(e.code, e.message, tensor=name, field=e.field) from None  # the encoder does not know the name
         q = q.renamed(rename)
         if q.descriptor != desc:
             raise error("SAVE_INVALID", "internal: the encoder's descriptor differs from the planned one", tensor=name)
         return q.components
+
+    def _encodes(name: str, c: Choice, dtype: str) -> bool:
+        from ..schemes import quantize
+
+        try:
+            quantize(ck.array(name), c.scheme, dtype=dtype, **c.params)
+        except QFormatError:
+            return False
+        return True
 
     def never() -> np.ndarray:  # a grouped tensor is made by its group
         raise AssertionError(name)

@@ -20,6 +20,7 @@ import numpy as np
 from ..container import Header, TensorSpec, strict_json
 from ..remote import read_header
 from ..errors import QFormatError, error
+from ..paths import parts, source_file, unreadable
 from ..model import METADATA_KEY
 from ..pipeline import Component
 from ..sources import FileSource, TensorInfo
@@ -54,6 +55,9 @@ def admit_files(paths: Iterable[str], index: str | None = None, digests: bool = 
     adm.headers()
     return adm
 
+
+#: The code of a source the path policy refuses (a shard or side file leaving the folder).
+SOURCE_CODE = "CONVERT_SOURCE_INVALID"
 
 #: Side files (config.json, quanto_qmap.json, index files) larger than this are refused.
 MAX_SIDE_JSON_BYTES = 64 << 20
@@ -102,7 +106,9 @@ def read_json_file(path: str) -> Any:
             raise source_error(f"{name} is {size} bytes, more than the {MAX_SIDE_JSON_BYTES} allowed for a side file")
         with open(path, "rb") as f:
             text = f.read().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
+        raise unreadable(path, e) from None
+    except UnicodeDecodeError as e:
         raise source_error(f"cannot read {name} as UTF-8 text: {e}") from None
     return parse_json_text(text.lstrip("\ufeff \t\r\n"), name)
 
@@ -135,13 +141,18 @@ class Checkpoint:
                 self.files = [base]
         elif os.path.isdir(self.path):
             self.folder = self.path
-            idx = sorted(n for n in os.listdir(self.path) if n.endswith(".safetensors.index.json"))
+            try:
+                listed = sorted(os.listdir(self.path))
+            except OSError as e:
+                raise unreadable(self.path, e) from None
+            idx = [n for n in listed if n.endswith(".safetensors.index.json")]
             if idx:
                 self._read_index(idx[0])
             else:
-                self.files = sorted(n for n in os.listdir(self.path) if n.endswith(".safetensors"))
+                # files found in the folder follow the path policy: a link leaving it is refused
+                self.files = [n for n in listed if n.endswith(".safetensors") and self._entry(n, "weight file")]
                 if not self.files:
-                    gg = sorted(n for n in os.listdir(self.path) if n.endswith(".gguf"))
+                    gg = [n for n in listed if n.endswith(".gguf") and self._entry(n, "weight file")]
                     if len(gg) == 1:
                         self.kind = "gguf"
                         self.files = gg
@@ -222,12 +233,18 @@ class Checkpoint:
         if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
             raise source_error(f"{name} has no weight_map object of tensor name -> file name")
         files = sorted(set(wm.values()))
-        for f in files:
-            if f in ("", ".", "..") or "/" in f or "\\" in f or os.path.isabs(f):
-                raise source_error(f"{name} names shard {f!r}, which is not a plain file name in the index's folder")
-            if not is_url(self.folder) and not os.path.isfile(os.path.join(self.folder, f)):  # remote: its open says
-                raise source_error(f"{name} names shard {f!r}, which does not exist")
+        for f in files:  # the path policy (qformat.paths): a plain name, a regular file, no link leaving the folder
+            what = f"{name} names shard"
+            parts(f, code=SOURCE_CODE, root=self.folder, what=what, field="weight_map", single=True)
+            if not is_url(self.folder):  # remote: its open says
+                source_file(self.folder, f, code=SOURCE_CODE, what=what, field="weight_map", single=True, missing="does not exist")
         self.index, self.index_name, self.files = idx, name, files
+
+    def _entry(self, name: str, what: str) -> bool:
+        """Whether the folder's entry ``name`` is a regular file the path policy lets a command
+        read (inside the folder, or a hub snapshot's link into its blobs); a link that leaves
+        the folder, or a folder or device by a weight file's name, is CONVERT_SOURCE_INVALID."""
+        return source_file(self.folder, name, code=SOURCE_CODE, what=what, single=True) is not None
 
     # -- tensors --------------------------------------------------------------------------
     @property
@@ -327,8 +344,16 @@ class Checkpoint:
         return self._config
 
     def side_json(self, name: str) -> Any:
-        p = os.path.join(self.folder, name)
-        return read_json_file(p) if os.path.isfile(p) else None
+        """The JSON side file ``name`` of the source folder (None when absent): read where the path
+        policy allows (a link leaving the folder, or a folder by that name, is CONVERT_SOURCE_INVALID)."""
+        from ..remote import is_url
+
+        if is_url(self.folder):
+            p = os.path.join(self.folder, name)
+            return read_json_file(p) if os.path.isfile(p) else None
+        if source_file(self.folder, name, code=SOURCE_CODE, what="side file") is None:
+            return None
+        return read_json_file(os.path.join(self.folder, name))  # by its own name (a hub snapshot's link: its blob)
 
     def quantization_config(self) -> dict[str, Any] | None:
         """config.json's ``quantization_config`` (or a ``quantize_config.json`` / ``quant_config.json``)."""

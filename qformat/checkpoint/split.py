@@ -14,11 +14,15 @@ host given the same source and options, so N processes can share the work withou
   (``part.json``: source fingerprint, plan digest, assignment, each file's size and header
   digest).  A part folder therefore exists only complete.  Part 1 also stages what the folder
   holds besides the shards (side files, config.json, the index) under ``tree/``.
-* :func:`merge` (``qformat merge DST``) checks that parts 1..N are all there, exactly once, from
-  the same source, plan and N, each file of the size and header its manifest records; then it
-  links (or copies) them into a temporary folder beside ``DST``, adds part 1's tree (the index
-  written last) and renames the folder into place: ``DST`` appears complete or not at all, the
-  same bytes as a single-process run, and ``DST.parts`` is removed.
+* :func:`merge` (``qformat merge DST``), holding a lock on ``DST.parts`` (a second merge into
+  the same destination is refused while one runs), checks that parts 1..N are all there, exactly
+  once, from the same source, plan and N; that every name a manifest gives stays inside the
+  destination and every entry of a part folder is a regular file or folder (no links:
+  :mod:`qformat.paths`); and that each file has the size, header and SHA-256 its manifest
+  records.  Then it links (or copies) them into a temporary folder beside ``DST``, adds part
+  1's tree (the index written last), checks that folder as ``qformat check --digests`` does
+  (every recorded tensor digest included) and only then renames it into place: ``DST`` appears
+  complete or not at all, the same bytes as a single-process run, and ``DST.parts`` is removed.
 * ``--workers N`` (:func:`run` with ``workers``) runs the N parts as N spawned processes on one
   machine and merges them.
 
@@ -35,13 +39,15 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from . import writer as w
-from ..atomic import atomic_write, default_mode, fsync_path
+from .. import paths
+from ..atomic import atomic_write, default_mode
 from ..errors import QFormatError, error
 
 #: The error code of every refusal of a split run that is not the destination's.
@@ -51,7 +57,15 @@ MANIFEST = "part.json"
 #: Suffix of the staging folder beside the destination.
 STAGING_SUFFIX = ".parts"
 _FORMAT = "qformat-split-part"
-_VERSION = 1
+#: 2: each shard's and tree file's whole-file SHA-256 (``sha256``), the tree as name -> record.
+_VERSION = 2
+#: The lock file a merge holds inside the staging folder (its holder's host and process id).
+LOCK = ".qformat-merge.lock"
+#: A part manifest larger than this is refused before it is parsed (real ones are kilobytes).
+MAX_MANIFEST_BYTES = 16 << 20
+#: Bytes read per step when hashing a staged file.
+CHUNK = 8 << 20
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -114,14 +128,20 @@ def source_fingerprint(src: str | os.PathLike[str]) -> str:
     with unchecked():  # the command itself applies check's rules; this only reads
         ck = Checkpoint(src)
     h = hashlib.sha256()
-    for f in ck.files:
-        path = os.path.join(ck.folder, f)
-        h.update(f"{f}\0{os.path.getsize(path)}\0".encode())
-        h.update(_header_bytes(path) if ck.kind == "safetensors" else _head(path, 1 << 20))
-    for side in filter(None, [ck.index_name, "config.json"]):
-        p = os.path.join(ck.folder, side)
-        if os.path.isfile(p):
-            h.update(side.encode() + b"\0" + _head(p, MAX_SIDE_JSON_BYTES))
+    path = ck.folder
+    try:
+        for f in ck.files:
+            path = os.path.join(ck.folder, f)
+            h.update(f"{f}\0{os.path.getsize(path)}\0".encode())
+            h.update(_header_bytes(path) if ck.kind == "safetensors" else _head(path, 1 << 20))
+        for side in filter(None, [ck.index_name, "config.json"]):
+            # the path policy: a config.json that links out of the folder is refused, not read
+            p = paths.source_file(ck.folder, side, code="CONVERT_SOURCE_INVALID", what="side file")
+            if p is not None:
+                path = p
+                h.update(side.encode() + b"\0" + _head(p, MAX_SIDE_JSON_BYTES))
+    except OSError as e:
+        raise paths.unreadable(path, e) from None
     return h.hexdigest()
 
 
@@ -131,10 +151,25 @@ def _head(path: str, n: int) -> bytes:
 
 
 def _header_bytes(path: str) -> bytes:
-    """A safetensors file's length prefix and header."""
+    """A safetensors file's length prefix and header (the length read is bounded by the file's
+    size, whatever the prefix says)."""
     with open(path, "rb") as f:
         prefix = f.read(8)
-        return prefix + f.read(int.from_bytes(prefix, "little")) if len(prefix) == 8 else prefix
+        if len(prefix) < 8:
+            return prefix
+        return prefix + f.read(min(int.from_bytes(prefix, "little"), os.fstat(f.fileno()).st_size - 8))
+
+
+def _file_sha(path: str) -> str:
+    """The SHA-256 of a whole file, read in bounded chunks (FILE_UNREADABLE naming it on an OS error)."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while b := f.read(CHUNK):
+                h.update(b)
+    except OSError as e:
+        raise paths.unreadable(path, e) from None
+    return h.hexdigest()
 
 
 def _stable_header(plan: Any) -> bytes:
@@ -217,13 +252,16 @@ class PartJob:
             mine = [(f, p) for f, p in zip(files, plans) if assignment[f.name] == self.part.k]
             w.write_files(os.path.join(tmp, "shards"), [f for f, _ in mine], [p for _, p in mine],
                           verify=verify, written=written, file_done=file_done)
-            tree: list[str] = []
+            tree: dict[str, dict[str, Any]] = {}
             if self.part.k == 1:  # the rest of the folder, staged once, so the merge needs no source
                 os.mkdir(os.path.join(tmp, "tree"))
                 w.write_tree(os.path.join(tmp, "tree"), files, plans, side_files=side, index=index, extra_files=extra)
-                tree = sorted(_walk(os.path.join(tmp, "tree")))
-            shards = {f.name: {"size": p.size, "header_sha256": _sha(_header_bytes(os.path.join(tmp, "shards", f.name)))}
-                      for f, p in mine}
+                for rel in sorted(_walk(os.path.join(tmp, "tree"))):
+                    fp = os.path.join(tmp, "tree", *rel.split("/"))
+                    tree[rel] = {"size": os.path.getsize(fp), "sha256": _file_sha(fp)}
+            # what the merge verifies each staged file against (a copy between hosts can be cut short or damaged)
+            shards = {f.name: {"size": p.size, "header_sha256": _sha(_header_bytes(os.path.join(tmp, "shards", f.name))),
+                               "sha256": _file_sha(os.path.join(tmp, "shards", f.name))} for f, p in mine}
             usage = _cpu_seconds()  # this part's work: planning, encoding, writing (not the interpreter's start)
             manifest = {"format": _FORMAT, "version": _VERSION, "part": self.part.k, "parts": self.part.n,
                         "command": self.command, "destination": dst, "source": {"path": self.source,
@@ -450,26 +488,49 @@ class MergeSummary:
 def merge(dst: str | os.PathLike[str], overwrite: bool = False, notice: Callable[[str], None] | None = None) -> MergeSummary:
     """Put the parts staged in ``DST.parts`` together as the checkpoint ``dst``.
 
-    Refused (SPLIT_PART_INVALID, naming the part and what differs) unless the staging folder
-    holds parts 1..N exactly once, each finished (a folder with its manifest; a temporary folder
-    of a part still running or killed is named), all of the same command, N, source fingerprint
-    and plan, each holding exactly the files the assignment gives it, of the recorded size and
-    header digest.  A destination that exists without ``overwrite`` is the command's
-    ``*_DESTINATION_INVALID``.  The files are hard-linked (copied across file systems) into a
-    temporary folder beside ``dst`` with part 1's tree (side files, config.json, the index) and
-    the folder is renamed into place in one step; then the staging folder is removed.
+    Refused (SPLIT_PART_INVALID, naming the part and what differs; nothing written) while
+    another merge into ``dst`` runs (:func:`merge_lock`), and unless the staging folder holds
+    parts 1..N exactly once, each finished (a folder with its manifest; a temporary folder of a
+    part still running or killed is named), all of the same command, N, source fingerprint and
+    plan, each holding exactly the files the assignment gives it; each part folder holding only
+    regular files and folders (a link, device or pipe is refused), each name its manifest gives
+    a relative path inside the destination (:mod:`qformat.paths`), each file of the size, header
+    digest and SHA-256 recorded.  A destination that exists without ``overwrite`` is the
+    command's ``*_DESTINATION_INVALID``.  The files are hard-linked (copied across file systems)
+    into a temporary folder beside ``dst`` with part 1's tree (side files, config.json, the
+    index); that folder must pass ``qformat check --digests`` (:func:`qformat.check.check`,
+    every recorded tensor digest verified) and is then renamed into place in one step; then the
+    staging folder is removed.  Memory holds one chunk or one tensor at a time.
     """
     dst = os.path.abspath(os.fspath(dst))
     staging = staging_folder(dst)
     if not os.path.isdir(staging):
         raise error(CODE, f"no parts to merge: {staging} does not exist (run the command with --part K/N for K = 1..N first)",
                     field="part")
+    with merge_lock(staging, dst):
+        return _merge(dst, staging, overwrite, notice)
+
+
+def _merge(dst: str, staging: str, overwrite: bool, notice: Callable[[str], None] | None) -> MergeSummary:
     manifests: dict[int, tuple[str, dict[str, Any]]] = {}
     first: dict[str, Any] | None = None
-    running = [n for n in sorted(os.listdir(staging)) if n.startswith(w.TEMP_PREFIX)]
-    for name in sorted(os.listdir(staging)):
+    try:
+        listed = sorted(os.listdir(staging))
+    except OSError as e:
+        raise paths.unreadable(staging, e) from None
+    running = [n for n in listed if n.startswith(w.TEMP_PREFIX)]
+    for name in listed:
         path = os.path.join(staging, name)
-        if name.startswith(".") or not os.path.isdir(path):
+        if name.startswith("."):
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError as e:
+            raise paths.unreadable(path, e) from None
+        if stat.S_ISLNK(st.st_mode):
+            raise error(CODE, f"{path} is a link (to {os.readlink(path)!r}); a part folder is copied into {staging}, not "
+                        "linked: qformat merges only what lies in the staging folder", field="part")
+        if not stat.S_ISDIR(st.st_mode):
             continue
         m = _read_manifest(path)
         k = m["part"]
@@ -502,41 +563,40 @@ def merge(dst: str | os.PathLike[str], overwrite: bool = False, notice: Callable
         raise error(CODE, f"{'part' if len(missing) == 1 else 'parts'} {which} {'is' if len(missing) == 1 else 'are'} missing from {staging}{more}: run the same {first['command']} command with "
                     f"--part {missing[0]}/{n}{' (and the others)' if len(missing) > 1 else ''}, then merge again", field="part")
     assignment: dict[str, int] = first["assignment"]
+    one = manifests[1][1]  # part 1 staged the rest of the folder
+    _check_names(dst, manifests[1][0], assignment, one)
     for k, (path, m) in sorted(manifests.items()):
         want = sorted(f for f, p in assignment.items() if p == k)
         if sorted(m["files"]) != want or m["assignment"] != assignment:
             raise error(CODE, f"part {k}/{n} in {path} records files {sorted(m['files'])}, the plan assigns it {want}", field="part")
-        for f, rec in m["files"].items():
-            fp = os.path.join(path, "shards", f)
-            size = os.path.getsize(fp) if os.path.isfile(fp) else None
-            if size != rec["size"]:
-                raise error(CODE, f"part {k}/{n}: {fp} is {'missing' if size is None else f'{size} bytes'}, its manifest records "
-                            f"{rec['size']} bytes (an incomplete copy?); rerun or copy the part again", field="part")
-            if _sha(_header_bytes(fp)) != rec["header_sha256"]:
-                raise error(CODE, f"part {k}/{n}: the header of {fp} differs from the one its manifest records", field="part")
-    one = manifests[1][1]  # part 1 staged the rest of the folder
+        found = _part_entries(path)
+        for f, rec in sorted(m["files"].items()):
+            _verify_staged(found, path, "shards/" + f, rec, f"part {k}/{n}", header=True)
+        for rel, rec in sorted(m["tree"].items()) if k == 1 else ():
+            _verify_staged(found, path, "tree/" + rel, rec, f"part 1/{n}", header=False)
     tree_root = os.path.join(manifests[1][0], "tree")
-    for rel in one["tree"]:
-        if not os.path.isfile(os.path.join(tree_root, *rel.split("/"))):
-            raise error(CODE, f"part 1/{n}: {rel} of the folder's other files is missing from {tree_root}", field="part")
     with w.writing_for(first["command"]):
         w.check_destination(dst, True, overwrite)
     order = sorted(assignment)
     parent = os.path.dirname(dst)
     w.clean_stale(parent, notice)
     tmp = tempfile.mkdtemp(prefix=w.TEMP_PREFIX, dir=parent)
+    origin: dict[str, str] = {}  # file in the merged folder -> the staged file it comes from
     try:
         w._mark(tmp, dst)
         for f in order:
-            _place(os.path.join(manifests[assignment[f]][0], "shards", f), os.path.join(tmp, f))
+            origin[f] = os.path.join(manifests[assignment[f]][0], "shards", f)
+            _place(origin[f], os.path.join(tmp, f))
         index = one.get("index")
         for rel in sorted(one["tree"], key=lambda r: r == index):  # the index last
             parts = rel.split("/")
             target = os.path.join(tmp, *parts)
             if len(parts) > 1:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
-            _place(os.path.join(tree_root, *parts), target)
+            origin[rel] = os.path.join(tree_root, *parts)
+            _place(origin[rel], target)
         os.unlink(os.path.join(tmp, w.MARKER))
+        _check_merged(tmp, origin)
         os.chmod(tmp, default_mode(folder=True))
         w.replace_folder(tmp, dst)
     except BaseException:
@@ -552,34 +612,263 @@ def merge(dst: str | os.PathLike[str], overwrite: bool = False, notice: Callable
     return MergeSummary(first["command"], dst, [os.path.join(dst, f) for f in order], total, parts)
 
 
-def _place(src: str, dst: str) -> None:
-    """``src`` at ``dst`` too: a hard link (instant, the staged part left intact until the merge
-    succeeded), or a synced copy where the file system refuses links."""
+@contextlib.contextmanager
+def merge_lock(staging: str, dst: str) -> Iterator[None]:
+    """Hold the merge lock of ``staging`` (:data:`LOCK`: an advisory lock on a file that names
+    its holder's host and process) for the block, or SPLIT_PART_INVALID at once when another
+    merge holds it.  The system releases the lock when its holder ends, however it ends (no
+    stale lock survives a kill); the holder removes the file when done, and an acquirer that
+    finds the file it locked removed (the staging folder of a merge that just finished) tries
+    again, or says there is nothing to merge."""
+    path = os.path.join(staging, LOCK)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except FileNotFoundError:
+            raise error(CODE, f"no parts to merge: {staging} does not exist (another merge into {dst} just finished?)",
+                        field="part") from None
+        except OSError as e:
+            raise error(CODE, f"cannot open the merge lock {path}: {e.strerror or e}", field="part") from None
+        if not _try_lock(fd):
+            try:
+                holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "a process that has just started"
+            finally:
+                os.close(fd)
+            raise error(CODE, f"another qformat merge into {dst} is running ({holder}, holding {path}); this one wrote "
+                        "nothing: wait for that merge to finish", field="part")
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except OSError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the file locked was removed by the merge that held it: lock the current one
     try:
-        os.link(src, dst)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on host {socket.gethostname()}".encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                os.unlink(path)
+        os.close(fd)
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the exclusive lock on ``fd`` without waiting: flock (POSIX; NFS maps it to a byte-range
+    lock) or a byte lock (Windows)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):
+        return False
+    return True
+
+
+def _check_names(dst: str, part1: str, assignment: Mapping[str, int], one: Mapping[str, Any]) -> None:
+    """Every name the manifests give is a relative path inside the destination (the path
+    policy: no absolute path, ``..``, empty segment, backslash or NUL; a shard name has no
+    '/'), none is qformat's own temporary name, and no two of them are the same file or a
+    file and a folder above another."""
+    files: set[str] = set()
+    for f in sorted(assignment):
+        paths.parts(f, code=CODE, root=dst, what=f"the planned file name of {part1}/{MANIFEST},", field="assignment", single=True)
+        files.add(f)
+    for rel in sorted(one["tree"]):
+        paths.parts(rel, code=CODE, root=dst, what=f"the tree entry of {part1}/{MANIFEST},", field="tree")
+        if rel in files:
+            raise error(CODE, f"{part1}/{MANIFEST} lists {rel!r} both as a planned file and in its tree", field="tree")
+        files.add(rel)
+    folders = {"/".join(f.split("/")[:i]) for f in files for i in range(1, f.count("/") + 1)}
+    for f in sorted(files):
+        if f in folders:
+            raise error(CODE, f"{part1}/{MANIFEST} lists {f!r} as a file and as a folder holding others", field="tree")
+        if f.startswith(".qformat-"):
+            raise error(CODE, f"{part1}/{MANIFEST} lists {f!r}, a name of qformat's own temporary files", field="tree")
+    idx = one.get("index")
+    if idx is not None and idx not in one["tree"]:
+        raise error(CODE, f"{part1}/{MANIFEST} names the index {idx!r}, which its tree does not list", field="index")
+
+
+def _part_entries(folder: str) -> dict[str, os.stat_result]:
+    """Every file of a part folder by its '/'-separated path, with its ``lstat``: a part folder
+    qformat wrote holds only regular files and folders, so a link (inside or out), device, pipe
+    or socket anywhere in it is refused (SPLIT_PART_INVALID naming it)."""
+    out: dict[str, os.stat_result] = {}
+
+    def walk(path: str, rel: str) -> None:
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            raise paths.unreadable(path, e) from None
+        for e in entries:
+            name = rel + e.name
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                raise error(CODE, f"{e.path} is a link (to {os.readlink(e.path)!r}); a part folder qformat writes holds "
+                            "none: copy the part again", field="part")
+            if stat.S_ISDIR(st.st_mode):
+                walk(e.path, name + "/")
+            elif stat.S_ISREG(st.st_mode):
+                out[name] = st
+            else:
+                raise error(CODE, f"{e.path} is not a regular file (a device, pipe or socket); a part folder qformat writes "
+                            "holds none: copy the part again", field="part")
+
+    walk(folder, "")
+    return out
+
+
+def _verify_staged(found: Mapping[str, os.stat_result], folder: str, rel: str, rec: Mapping[str, Any], part: str,
+                   header: bool) -> None:
+    """A staged file (``rel`` in the part ``folder``) is there as a regular file with the size,
+    header digest (shards) and SHA-256 its manifest records: read once, in chunks."""
+    fp = os.path.join(folder, *rel.split("/"))
+    st = found.get(rel)
+    if st is None:
+        raise error(CODE, f"{part}: {fp} is missing; its manifest records {rec['size']} bytes (an incomplete copy?); rerun "
+                    "or copy the part again", field="part")
+    if st.st_size != rec["size"]:
+        raise error(CODE, f"{part}: {fp} is {st.st_size} bytes, its manifest records {rec['size']} bytes (an incomplete "
+                    "copy?); rerun or copy the part again", field="part")
+    try:
+        head = _header_bytes(fp) if header else b""
+    except OSError as e:
+        raise paths.unreadable(fp, e) from None
+    if header and _sha(head) != rec["header_sha256"]:
+        raise error(CODE, f"{part}: the header of {fp} differs from the one its manifest records", field="part")
+    got = _file_sha(fp)
+    if got != rec["sha256"]:
+        raise error(CODE, f"{part}: the bytes of {fp} have SHA-256 {got}, its manifest records {rec['sha256']} (damaged "
+                    "in a copy, or changed after the part was written); rerun or copy the part again", field="part")
+
+
+def _check_merged(folder: str, origin: Mapping[str, str]) -> None:
+    """The merged folder passes ``qformat check --digests`` (header and payload rules, every
+    recorded tensor digest) before it is moved into place; else SPLIT_PART_INVALID with the
+    check's code and message, naming the staged file the problem comes from."""
+    from ..check import check
+
+    report = check([folder], payload=True, digests=True)
+    if report.ok:
+        return
+    p = report.problems[0]
+    rel = os.path.relpath(p.file, folder).replace(os.sep, "/") if p.file else ""
+    where = origin.get(rel, p.file or folder)
+    what = f"tensor {p.tensor!r}: " if p.tensor else ""
+    raise error(CODE, f"the merged folder fails qformat check ({len(report.problems)} problem(s)); the first, in {where}: "
+                f"[{p.code}] {what}{p.message}; the destination was not written: rerun or copy that part again", field="part")
+
+
+def _place(src: str, dst: str) -> None:
+    """``src`` (a regular file: checked again here, never a link) at the new path ``dst``: a
+    hard link (instant, the staged part left intact until the merge succeeded), or a synced
+    copy where the file system refuses links; either way with permission bits no wider than
+    the user's default mode (:func:`qformat.paths.copy_mode`)."""
+    st = os.lstat(src)
+    if not stat.S_ISREG(st.st_mode):
+        raise error(CODE, f"{src} is not a regular file (it changed during the merge?)", field="part")
+    if os.path.lexists(dst):
+        raise error(CODE, f"two files of the parts would both be {dst}", field="part")
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except FileExistsError:
+        raise error(CODE, f"two files of the parts would both be {dst}", field="part") from None
     except OSError:
-        shutil.copyfile(src, dst)
-        fsync_path(dst)
+        w.copy_file(src, dst)
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if paths.copy_mode(mode) != mode:  # a staged file made wider than the default: the merged one is not
+        os.chmod(dst, paths.copy_mode(mode))
 
 
 def _read_manifest(folder: str) -> dict[str, Any]:
+    """The manifest of the part folder ``folder``, its structure validated (:func:`_manifest_problem`)."""
+    from ..container import _Dup, strict_json
+
     path = os.path.join(folder, MANIFEST)
-    if not os.path.isfile(path):
-        raise error(CODE, f"{folder} has no {MANIFEST}: it is not a finished part (a part folder appears only complete; "
-                    "an interrupted copy of one?); remove it or copy the part again", field="part")
     try:
-        with open(path, encoding="utf-8") as fh:
-            m = json.load(fh)
-        ok = (m.get("format") == _FORMAT and isinstance(m.get("part"), int) and isinstance(m.get("parts"), int)
-              and 1 <= m["part"] <= m["parts"] and isinstance(m.get("files"), dict) and isinstance(m.get("assignment"), dict))
-    except (OSError, ValueError, AttributeError) as e:
-        raise error(CODE, f"{path} cannot be read as a part manifest: {e}", field="part") from None
-    if not ok:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise paths.unreadable(path, e) from None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        raise error(CODE, f"{folder} has no {MANIFEST}{'' if st is None else ' that is a regular file'}: it is not a finished "
+                    "part (a part folder appears only complete; an interrupted copy of one?); remove it or copy the part again",
+                    field="part")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as e:
+        raise paths.unreadable(path, e) from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise error(CODE, f"{path} is larger than {MAX_MANIFEST_BYTES} bytes: not a part manifest", field="part")
+    try:
+        m, end = strict_json(raw.decode("utf-8"))
+        if raw[end:].strip():
+            raise ValueError("text follows the JSON object")
+    except (_Dup, ValueError, UnicodeDecodeError, RecursionError) as e:
+        msg = f"member {e.key!r} appears twice" if isinstance(e, _Dup) else str(e)
+        raise error(CODE, f"{path} cannot be read as a part manifest: {msg}"[:400], field="part") from None
+    if not isinstance(m, dict) or m.get("format") != _FORMAT:
         raise error(CODE, f"{path} is not a qformat part manifest (format {_FORMAT} version {_VERSION})", field="part")
+    if m.get("version") == 1:
+        raise error(CODE, f"{path} is a part manifest of version 1 (an older qformat), which records no SHA-256 of its files; "
+                    f"this qformat merges version {_VERSION}: rerun that part with this qformat", field="part")
     if m.get("version") != _VERSION:
         raise error(CODE, f"{path} is a part manifest of version {m.get('version')!r}; this qformat merges version {_VERSION}",
                     field="part")
+    why = _manifest_problem(m)
+    if why:
+        raise error(CODE, f"{path} is not a valid part manifest: {why}"[:400], field="part")
     return m
+
+
+def _manifest_problem(m: Mapping[str, Any]) -> str | None:
+    """Why a parsed version-2 manifest cannot be used (None: its members have the types the
+    merge relies on).  Names are checked against the path policy later (:func:`_check_names`)."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_num(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if not (is_int(m.get("part")) and is_int(m.get("parts")) and 1 <= m["part"] <= m["parts"]):
+        return f"'part' and 'parts' must be integers with 1 <= part <= parts, found {m.get('part')!r} and {m.get('parts')!r}"
+    if not isinstance(m.get("command"), str) or m["command"] not in w.DESTINATION_CODES:
+        return f"'command' must be one of {sorted(w.DESTINATION_CODES)}, found {m.get('command')!r}"
+    src = m.get("source")
+    if not (isinstance(src, dict) and isinstance(src.get("path"), str) and isinstance(src.get("fingerprint"), str)):
+        return "'source' must be an object with the strings 'path' and 'fingerprint'"
+    if not isinstance(m.get("plan"), str) or not isinstance(m.get("options"), dict):
+        return "'plan' must be a string and 'options' an object"
+    a = m.get("assignment")
+    if not (isinstance(a, dict) and all(is_int(v) and 1 <= v <= m["parts"] for v in a.values())):
+        return f"'assignment' must map file names to parts 1..{m['parts']}"
+    for key, rec_keys in (("files", ("size", "header_sha256", "sha256")), ("tree", ("size", "sha256"))):
+        d = m.get(key)
+        if not isinstance(d, dict):
+            return f"'{key}' must be an object of file name -> record"
+        for name, rec in d.items():
+            if not (isinstance(rec, dict) and set(rec) == set(rec_keys) and is_int(rec["size"]) and rec["size"] >= 0
+                    and all(isinstance(rec[h], str) and _HEX64.fullmatch(rec[h]) for h in rec_keys[1:])):
+                return f"'{key}' record of {name!r} must be {{{', '.join(rec_keys)}}}: a size >= 0 and SHA-256 digests in hex"
+    if not (m.get("index") is None or isinstance(m.get("index"), str)):
+        return "'index' must be a file name or null"
+    if not (is_num(m.get("seconds")) and is_num(m.get("cpu_seconds"))):
+        return "'seconds' and 'cpu_seconds' must be numbers"
+    return None
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, part: Any = None, workers: int | None = None,

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from .. import container
+from .. import container, paths
 from ..atomic import atomic_write, default_mode, fsync_path
 from ..container import FilePlan, TensorSpec, plan_file
 from ..errors import error
@@ -298,10 +298,10 @@ def _admitting(admits: Mapping[str, Callable[[], None]], written: Callable[[Tens
 
 
 def copy_side_files(folder: str, side_files: Iterable[SideFile | str], skip: Iterable[str] = ()) -> list[str]:
-    """Copy each side file's bytes into ``folder`` under its relative name (subfolders made
-    as ``mkdir`` makes them, files as ``open`` makes them: ordinary permissions under the
-    umask, never the source's), each synced; names in ``skip`` are left out.  Returns the
-    relative names copied."""
+    """Copy each side file's bytes into ``folder`` under its relative name (:func:`copy_file`;
+    subfolders made as ``mkdir`` makes them), each synced; names in ``skip`` are left out.
+    A name that is not a relative path inside ``folder`` (:func:`qformat.paths.parts`) is the
+    command's ``*_DESTINATION_INVALID``.  Returns the relative names copied."""
     skip = set(skip)
     done = []
     for s in side_files:
@@ -309,16 +309,43 @@ def copy_side_files(folder: str, side_files: Iterable[SideFile | str], skip: Ite
             s = SideFile(os.fspath(s), os.path.basename(os.fspath(s)))
         if s.name in skip:
             continue
-        parts = s.name.split("/")
-        if os.path.isabs(s.name) or any(p in ("", ".", "..") for p in parts):
-            raise destination_error(f"side file name {s.name!r} is not a relative path inside the output folder")
+        parts = paths.parts(s.name, code=DESTINATION_CODES[_COMMAND.get()], root=folder, what="side file name")
         path = os.path.join(folder, *parts)
         if len(parts) > 1:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-        shutil.copyfile(s.source, path)
-        fsync_path(path)
+        copy_file(s.source, path)
         done.append(s.name)
     return done
+
+
+#: Bytes read per step when copying a file.
+COPY_CHUNK = 1 << 20
+
+
+def copy_file(source: str, path: str) -> None:
+    """Copy the regular file ``source`` to the new file ``path`` (which must not exist) in
+    bounded chunks, synced, with :func:`qformat.paths.copy_mode` of the source's mode: the
+    user's default mode, never wider than the source's (a 0600 file stays 0600).  An OS error
+    reading ``source`` is FILE_UNREADABLE naming it."""
+    try:
+        fin = open(source, "rb")
+        st = os.fstat(fin.fileno())
+    except OSError as e:
+        raise paths.unreadable(source, e) from None
+    with fin:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # private until its bytes and mode are final
+        with os.fdopen(fd, "wb") as fout:
+            while True:
+                try:
+                    b = fin.read(COPY_CHUNK)
+                except OSError as e:
+                    raise paths.unreadable(source, e) from None
+                if not b:
+                    break
+                fout.write(b)
+            fout.flush()
+            os.fchmod(fd, paths.copy_mode(st.st_mode))
+            os.fsync(fd)
 
 
 def _mark(tmp: str, dst: str) -> None:

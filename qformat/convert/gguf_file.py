@@ -10,7 +10,8 @@ UTF-8 bytes.
 
 Every count, length, dimension and offset is checked against the file's size *before* anything
 is sized from it, so a hostile header fails with ``CONVERT_SOURCE_INVALID`` (naming the field,
-what was expected and what was found) instead of allocating or looping on an invented count.
+what was expected and what was found) instead of allocating or looping on an invented count; and
+no two tensors may share bytes, so the tensors' sizes add up to at most the file's.
 A variant this reader does not handle (a big-endian file, another container version, a ggml
 type without a mapping) is ``CONVERT_UNSUPPORTED``.  The file is memory-mapped: tensor bytes
 are views, never copied.
@@ -221,6 +222,18 @@ class GGUFFile:
             if off > data_size or nbytes > data_size - off:
                 raise source_error(f"data is [{off}, {off + nbytes}) of the data section (dims {dims}, {tname}), expected to end by the end of the file at {max(0, data_size)} (truncated or dims too large)", tensor=name, field=f"{where}.offset")
             self.tensors[name] = TensorInfo(name, shape, t, off, self.data_start + off, nbytes)
+        self._check_disjoint()
+
+    def _check_disjoint(self) -> None:
+        """Refuse tensors whose bytes overlap: each tensor's data is its own (ggml lays them out
+        one after the other), so everything read or written per tensor adds up to at most the
+        data section, never the same bytes many times (a small file naming one region for
+        thousands of tensors)."""
+        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in self.tensors.values() if t.nbytes)
+        for (a0, a1, a), (b0, b1, b) in zip(spans, spans[1:]):
+            if b0 < a1:
+                raise source_error(f"data is [{b0}, {b1}) of the data section, which overlaps tensor {a!r} at [{a0}, {a1}); "
+                                   "expected each tensor's bytes to be its own", tensor=b, field=f"tensor_info[{b}].offset")
 
     def _value(self, vt: int, what: str, depth: int) -> KV:
         if vt not in VALUE_TYPES:

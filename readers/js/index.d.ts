@@ -25,7 +25,8 @@ export interface AsyncByteSource {
 export class RangeCache implements ByteSource {
   constructor(size: number);
   readonly size: number;
-  add(start: number, bytes: Uint8Array): void;
+  /** `ranges`: the [begin, end) ranges the chunk was fetched for, found by their starts in constant time; without, the chunk is searched (for a few: the probe, the header). */
+  add(start: number, bytes: Uint8Array, ranges?: [number, number][]): void;
   has(offset: number, length: number): boolean;
   read(offset: number, length: number): Uint8Array;
   release(keep: number): void;
@@ -111,17 +112,37 @@ export interface UrlOptions {
   backoffMs?: number;
   /** The first request's length (default PROBE_BYTES, 65536): the header length and, usually, the header. */
   probeBytes?: number;
-  /** Extra request headers (Authorization, ...). */
+  /** Extra request headers (Authorization, ...); their values are never shown in a message. */
   headers?: Record<string, string>;
+  /**
+   * Each read's deadline is deadlineMs + its length / minBytesPerSecond (default DEADLINE_MS,
+   * 60000; Infinity: none): every try, backoff and the body included. Past it the read fails
+   * with REMOTE_UNREACHABLE.
+   */
+  deadlineMs?: number;
+  /** See deadlineMs (default MIN_BYTES_PER_SECOND, 65536). */
+  minBytesPerSecond?: number;
+  /** Messages show the URL whole (user-info, query, fragment); default: redactUrl's form. */
+  showSecrets?: boolean;
 }
 export const PROBE_BYTES: number;
+export const DEADLINE_MS: number;
+export const MIN_BYTES_PER_SECOND: number;
+/** A URL as messages show it: scheme://host[:port]/path, "?..." where it had a query; no user-info, no fragment. */
+export function redactUrl(url: string | URL): string;
+/** `text` with every URL in it redacted by redactUrl. */
+export function redactUrlsIn(text: string): string;
+/** The longest typed array this platform allocates (Node: buffer.constants.MAX_LENGTH; elsewhere 2^53 - 1, unknown). */
+export const MAX_ARRAY_LENGTH: number;
 /**
  * Open a URL for HTTP range reads (Node 18+, browsers).  Rejects with a QFormatError:
  * REMOTE_HTTP_ERROR, REMOTE_RANGE_IGNORED, REMOTE_RANGE_INVALID, REMOTE_CHANGED,
- * REMOTE_REDIRECT_REFUSED, REMOTE_UNREACHABLE (as do its reads).
+ * REMOTE_REDIRECT_REFUSED, REMOTE_UNREACHABLE (as do its reads; also past a read's deadline),
+ * FILE_UNREADABLE (a size past 2^53 - 1).  A URL's user-info is sent as Basic authorization.
  */
 export function urlSource(url: string | URL, opts?: UrlOptions): Promise<AsyncByteSource & {
-  readonly url: string; readonly requests: number; readonly etag: string | null; readonly lastModified: string | null; readonly prefix: Uint8Array;
+  /** The URL as given; `shown` is how messages show it. */
+  readonly url: string; readonly shown: string; readonly requests: number; readonly etag: string | null; readonly lastModified: string | null; readonly prefix: Uint8Array;
 }>;
 
 export interface LazyOptions {
@@ -129,6 +150,8 @@ export interface LazyOptions {
   sha256?: (bytes: Uint8Array) => string;
   /** At most this many reads in flight at once (default MAX_PARALLEL, 4). */
   parallel?: number;
+  /** The longest array a read allocates (stored bytes, decoded values; default MAX_ARRAY_LENGTH): a longer one is refused with SHAPE_UNREPRESENTABLE before anything is fetched. */
+  maxArrayLength?: number;
 }
 export const MAX_PARALLEL: number;
 export const PART_BYTES: number;
@@ -142,6 +165,8 @@ export class LazyFile {
   readonly size: number;
   /** Bytes read from the source so far (the header included). */
   readonly bytesFetched: number;
+  /** The longest array a read allocates (LazyOptions.maxArrayLength). */
+  readonly maxArrayLength: number;
   keys(): string[];
   metadata(): Record<string, string> | null;
   fileOrder(): string[];
@@ -173,4 +198,4 @@ export function openBytesAsync(bytes: ArrayBuffer | ArrayBufferView, opts?: Lazy
 /** check() through an AsyncByteSource: a refused container gives its one problem; a failed transfer rejects. */
 export function checkAsync(src: AsyncByteSource, opts?: { strict?: boolean; digests?: boolean; sha256?: (bytes: Uint8Array) => string }): Promise<QFormatError[]>;
 /** Fetch the [start, end) ranges `cache` lacks into it (coalesced, in parts, `parallel` at a time). */
-export function fetchRanges(src: AsyncByteSource, cache: RangeCache, ranges: [number, number][], parallel?: number): Promise<void>;
+export function fetchRanges(src: AsyncByteSource, cache: RangeCache, ranges: [number, number][], parallel?: number, maxLength?: number): Promise<void>;

@@ -142,6 +142,11 @@ class RowwiseQLinear(QLinear, _Parallel):
         self.tp_rank, self.tp_world, self.tp_group, self.tp_style = rank, world, group, "rowwise"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_world == 1:
+            # nothing to sum: the bias goes where QLinear puts it (fused into the float32 decode
+            # path's F.linear, whose BLAS rounds a fused bias differently from a later add on
+            # some CPUs), so one rank is load_model's layer bit for bit
+            return self._forward(x, self.bias)
         y = _summed(self._forward(x, None), self.tp_world, self.tp_group)
         b = self.bias
         return y if b is None else y + b.to(y.dtype)

@@ -11,7 +11,8 @@ Everything model-specific is transformers' own, so the folder loads as
 
 * the config from the GGUF hyperparameters and the tokenizer from the GGUF vocabulary
   (``AutoConfig`` / ``AutoTokenizer`` with ``gguf_file``), chat template included;
-* the tensor names from ``get_gguf_hf_weights_map`` over the model built on the meta device;
+* the tensor names as ``get_gguf_hf_weights_map`` gives them over the model built on the meta device
+  (:func:`gguf_names`: the same map, built once);
 * the per-architecture fix-ups of its tensor processors.  A processor that reorders rows
   (llama.cpp's rotary permutation of q/k, undone for ``llama``) is found by running it on the
   row numbers, and applied to the packed components as a move of whole rows, which is exact
@@ -25,24 +26,31 @@ loads through its newer packed path (``CONVERT_UNSUPPORTED``, naming the archite
 without a hyperparameter the config needs, or whose tensors do not fit the model those
 hyperparameters describe (``CONVERT_SOURCE_INVALID``, naming the key or tensor); a tokenizer
 transformers cannot build (``CONVERT_UNSUPPORTED``).
+
+A GGUF from a stranger: every value transformers reads is checked before a config is built from
+it (:mod:`.gguf_hparams`: types, ranges, the block count against the blocks the tensors hold,
+the vocabulary against the token embedding), so the model built on the meta device and the name
+map are bounded by the tensors the file holds.  What transformers or torch still raises while
+building the config, the model, the name map or the generation config is caught there and
+refused as ``CONVERT_SOURCE_INVALID`` naming what was being built (:func:`_building`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 import numpy as np
 
 from qformat.convert.relayout import Move, relayout
-from qformat.errors import error
+from qformat.errors import QFormatError, error
 
-#: Config attributes a model cannot be built without: a GGUF that lacks the key mapped to one
-#: is refused instead of taking transformers' class default silently.
-REQUIRED_ATTRIBUTES = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "rms_norm_eps", "head_dim")
+from . import gguf_hparams
+
 #: GGUF architectures transformers' GGUF loader merges or splits tensors of (MoE experts, fused
 #: layouts): the packed components cannot follow those operations yet.
 MERGED_ARCHITECTURES = ("qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2", "bloom", "t5", "t5encoder", "mamba", "lfm2")
@@ -83,6 +91,7 @@ def _kv_value(kv: dict[str, Any], key: str) -> Any:
 
 
 def _check_architecture(arch: str) -> None:
+    import gguf
     from transformers.integrations.gguf.utils import is_gguf_arch_supported
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
@@ -93,20 +102,70 @@ def _check_architecture(arch: str) -> None:
     if is_gguf_arch_supported(arch):
         raise error("CONVERT_UNSUPPORTED", f"GGUF architecture {arch!r} is loaded by transformers' newer GGUF path, whose "
                     "weight conversions are not mirrored here yet", field="general.architecture")
-    known = sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer") and a not in MERGED_ARCHITECTURES)
-    if arch not in GGUF_SUPPORTED_ARCHITECTURES:
+    named = set(gguf.MODEL_ARCH_NAMES.values())  # gguf-py names the tensors of these
+    known = sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer") and a not in MERGED_ARCHITECTURES
+                   and a in named and not is_gguf_arch_supported(a))
+    if arch not in known:
         raise error("CONVERT_UNSUPPORTED", f"GGUF architecture {arch!r} is not one transformers' GGUF loader supports "
                     f"(supported here: {', '.join(known)})", field="general.architecture")
 
 
-def _check_hyperparameters(arch: str, kv: dict[str, Any]) -> None:
-    from transformers.integrations import GGUF_CONFIG_MAPPING
+def _shapes(described: Any) -> dict[str, tuple[int, ...]]:
+    """Every GGUF tensor's shape (NumPy order), quantized and plain, in file order."""
+    shapes: dict[str, tuple[int, ...]] = {n: tuple(d["shape"]) for n, d in described.descriptors.items()}
+    shapes.update({n: tuple(described.plain.info(n).shape) for n in described.plain})
+    return shapes
 
-    mapping = GGUF_CONFIG_MAPPING.get(arch) or {}
-    missing = [f"{arch}.{k}" for k, attr in mapping.items() if attr in REQUIRED_ATTRIBUTES and f"{arch}.{k}" not in kv]
-    if missing:
-        raise error("CONVERT_SOURCE_INVALID", f"the GGUF has no {', '.join(missing)}: the model's config cannot be built "
-                    "without it (transformers would take a class default silently)", field=missing[0])
+
+@contextlib.contextmanager
+def _building(what: str, field: str) -> Iterator[None]:
+    """The last resort behind :mod:`.gguf_hparams`: an exception transformers or torch raises
+    while building ``what`` from values those checks passed becomes CONVERT_SOURCE_INVALID
+    naming what was being built, instead of escaping without a code."""
+    try:
+        yield
+    except QFormatError:
+        raise
+    except Exception as e:  # noqa: BLE001  (whatever transformers raises: ValueError, TypeError, RuntimeError, AssertionError...)
+        raise error("CONVERT_SOURCE_INVALID", f"transformers raised {type(e).__name__} while building {what}: {str(e)[:300]}",
+                    field=field) from None
+
+
+def gguf_names(model: Any, processor: Any, arch: str, n_blocks: int) -> dict[str, str]:
+    """GGUF tensor name -> the model's parameter name, as transformers' ``get_gguf_hf_weights_map``
+    maps them, with gguf-py's name map built once.
+
+    transformers builds gguf-py's ``TensorNameMap`` (every name of ``n_blocks`` blocks) again for
+    every module of the model as it recurses into it, which is quadratic in the block count.  The
+    same answer in one pass: the modules in the order that recursion visits them (pre-order),
+    each mapping the names of its own ``state_dict`` (names relative to it), and the first module
+    to map a GGUF name keeps it, as the recursion's merge does.  ``n_blocks`` is the block count
+    :mod:`.gguf_hparams` checked against the blocks the tensors hold, so the map is bounded by
+    the tensor count."""
+    import gguf
+
+    kind = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
+    if kind is None:
+        raise error("CONVERT_UNSUPPORTED", f"gguf-py has no tensor names for GGUF architecture {arch!r}", field="general.architecture")
+    name_map = gguf.get_tensor_name_map(kind, n_blocks)
+    out: dict[str, str] = {}
+    for qual, module in model.named_modules(remove_duplicate=False):
+        prefix = qual + "." if qual else ""
+        local: dict[str, str] = {}
+        for hf_name in module.state_dict():
+            hf_name = processor.preprocess_name(hf_name)
+            base, suffix = hf_name, ""
+            if hf_name.endswith((".weight", ".bias")):
+                base, suffix = hf_name.rsplit(".", 1)
+                suffix = "." + suffix
+            gname = name_map.get_name(base)
+            if gname is None:
+                processor.perform_fallback_tensor_mapping(local, suffix, prefix, hf_name)
+                continue
+            local[gname + suffix] = prefix + hf_name
+        for k, v in local.items():
+            out.setdefault(k, v)
+    return out
 
 
 def _model_files(folder: str, name: str, config: Any, described: Any) -> dict[str, bytes]:
@@ -136,7 +195,8 @@ def _model_files(folder: str, name: str, config: Any, described: Any) -> dict[st
             f.write(files["config.json"])
         tok.save_pretrained(tmp)
         _same_tokenizer(tok, tmp)
-        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+        with _building("the generation config", field="general.architecture"):
+            GenerationConfig.from_model_config(config).save_pretrained(tmp)
         for root, _, names in os.walk(tmp):
             for n in names:
                 p = os.path.join(root, n)
@@ -203,46 +263,45 @@ def _values_fn(processor: Any, gname: str) -> Any:
     return apply
 
 
-def plan_moves(described: Any, config: Any, parsed_config: dict[str, Any], arch: str) -> tuple[dict[str, Move], list[str], list[str], Any]:
+def plan_moves(described: Any, config: Any, parsed_config: dict[str, Any], arch: str,
+               shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[dict[str, Move], list[str], list[str], Any]:
     """The moves that take a GGUF :class:`~qformat.convert.base.Described` to transformers'
     names: (moves, permuted HF names, left-out GGUF names, the model class)."""
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     from qformat.convert.relayout import storage_of
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=parsed_config)
-    try:
-        # the GGUF's own architecture names its tensors (transformers derives it from model_type,
-        # which fails for a file whose general.name is "mistral": model_type mistral, no such GGUF arch)
-        names = get_gguf_hf_weights_map(model, processor, model_type=arch)
-    except (NotImplementedError, ValueError, KeyError) as e:
-        raise error("CONVERT_UNSUPPORTED", f"transformers cannot map the tensor names of GGUF architecture {arch!r}: {e}",
-                    field="general.architecture") from None
+    with _building(f"the {config.model_type} model on the meta device from this GGUF's hyperparameters", field="general.architecture"):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=parsed_config)
+    # the GGUF's own architecture names its tensors (transformers derives it from model_type,
+    # which fails for a file whose general.name is "mistral": model_type mistral, no such GGUF arch)
+    with _building("the GGUF tensor name map", field="general.architecture"):
+        names = gguf_names(model, processor, arch, config.num_hidden_layers)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     moves: dict[str, Move] = {}
     permuted: list[str] = []
     left_out: list[str] = []
-    shapes: dict[str, tuple[int, ...]] = {n: tuple(d["shape"]) for n, d in described.descriptors.items()}
-    shapes.update({n: tuple(described.plain.info(n).shape) for n in described.plain})
-    for gname, shape in shapes.items():
+    for gname, shape in (shapes if shapes is not None else _shapes(described)).items():
         hf = names.get(gname)
         if hf is None:
             left_out.append(gname)
             continue
-        quantized = gname in described.descriptors
-        rows, changes = _processor_move(processor, gname, shape, quantized)
-        if changes and quantized:
-            raise error("CONVERT_UNSUPPORTED", f"transformers changes this tensor's values when it loads it ({type(processor).__name__}), "
-                        "which a packed tensor cannot follow exactly", tensor=gname)
+        # the shape first: a processor run on rows the hyperparameters do not describe (llama's
+        # q/k permutation by head count) fails, which would read as "changes the values"
         if hf not in expected:
             raise error("CONVERT_SOURCE_INVALID", f"the model built from the GGUF hyperparameters has no parameter {hf!r}", tensor=gname)
         if expected[hf] != shape:
             raise error("CONVERT_SOURCE_INVALID", f"the tensor has shape {list(shape)}; the model built from the GGUF hyperparameters "
                         f"({type(model).__name__}) expects {list(expected[hf])} for {hf!r}", tensor=gname)
+        quantized = gname in described.descriptors
+        rows, changes = _processor_move(processor, gname, shape, quantized)
+        if changes and quantized:
+            raise error("CONVERT_UNSUPPORTED", f"transformers changes this tensor's values when it loads it ({type(processor).__name__}), "
+                        "which a packed tensor cannot follow exactly", tensor=gname)
         if rows is not None:
             permuted.append(hf)
         values = _values_fn(processor, gname) if changes else None
@@ -279,17 +338,15 @@ def convert_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], overw
     if not isinstance(arch, str):
         raise error("CONVERT_SOURCE_INVALID", "the GGUF has no general.architecture", field="general.architecture")
     _check_architecture(arch)
-    _check_hyperparameters(arch, kv)
+    shapes = _shapes(described)
+    gguf_hparams.check(arch, gguf_hparams.read_kv(described), shapes)
     folder, name = os.path.dirname(path), os.path.basename(path)
-    try:
+    with _building("the model config from this GGUF's metadata", field="general.architecture"):
         parsed = load_gguf_checkpoint(path, return_tensors=False)
         # what AutoConfig.from_pretrained(folder, gguf_file=name) builds, without a second parse
         # of the GGUF metadata (gguf-py's reader takes seconds per 100k-token vocabulary)
         config = CONFIG_MAPPING[parsed["config"]["model_type"]].from_dict(dict(parsed["config"]))
-    except (ValueError, KeyError, TypeError) as e:
-        raise error("CONVERT_SOURCE_INVALID", f"transformers cannot build a model config from this GGUF's metadata: "
-                    f"{type(e).__name__}: {e}", field="general.architecture") from None
-    moves, permuted, left_out, model_cls = plan_moves(described, config, parsed["config"], arch)
+    moves, permuted, left_out, model_cls = plan_moves(described, config, parsed["config"], arch, shapes)
     config.architectures = [model_cls.__name__]
     files = _model_files(folder, name, config, described)
     out = relayout(described, moves)

@@ -320,6 +320,9 @@ HOSTILE = {
     "n_dims 2^31": (_file(1, 0, _s(b"w") + struct.pack("<I", 2**31) + b"\0" * 40), "CONVERT_SOURCE_INVALID", "tensor_info[w].n_dims"),
     "row not whole blocks": (_file(1, 0, _tinfo(b"w", [33, 1], 2, 0), b"\0" * 64), "CONVERT_SOURCE_INVALID", "tensor_info[w].dims"),
     "duplicate tensor": (_file(2, 0, F32_1x8 + F32_1x8, b"\0" * 32), "CONVERT_SOURCE_INVALID", "tensor_info[w].name"),
+    # 200 infos naming one 1 MB region wrote 200 MB from a 1 MB file before the check
+    "tensors share bytes": (_file(2, 0, _tinfo(b"a", [8], 0, 0) + _tinfo(b"b", [16], 0, 0), b"\0" * 64), "CONVERT_SOURCE_INVALID", "tensor_info[b].offset"),
+    "tensors overlap in part": (_file(2, 0, _tinfo(b"a", [16], 0, 0) + _tinfo(b"b", [8], 0, 32), b"\0" * 64), "CONVERT_SOURCE_INVALID", "tensor_info[b].offset"),
     "tensor infos truncated": (_file(1, 0, F32_1x8)[:50], "CONVERT_SOURCE_INVALID", "tensor_info"),
     "big-endian": (_file(0, 0, b"", version=struct.pack(">I", 3)), "CONVERT_UNSUPPORTED", "header.version"),
     "version 1": (_file(0, 0, b"", version=struct.pack("<I", 1)), "CONVERT_UNSUPPORTED", "header.version"),

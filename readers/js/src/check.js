@@ -62,11 +62,11 @@ export function checkPayload(name, desc, store, prefix = "", depth = 0) {
       } else {
         let vals = widen(store, prm.tensor);
         if (depth === 0 && prm === desc.scale) vals = scaleToCanonical(desc, vals);
-        probs.push(...valueProblems(name, desc, prm, vals, `${f}.tensor`));
+        for (const p of valueProblems(name, desc, prm, vals, `${f}.tensor`)) probs.push(p);
       }
     } else if (prm.encoded !== null) {
       const sub = checkPayload(name, prm.encoded, store, `${f}.encoded.`, depth + 1);
-      probs.push(...sub);
+      for (const p of sub) probs.push(p);
       if (!sub.length) {
         let vals;
         try {
@@ -77,7 +77,7 @@ export function checkPayload(name, desc, store, prefix = "", depth = 0) {
           probs.push(/** @type {QFormatError} */ (e));
           continue;
         }
-        probs.push(...valueProblems(name, desc, prm, /** @type {Float32Array} */ (vals), `${f}.encoded`));
+        for (const p of valueProblems(name, desc, prm, /** @type {Float32Array} */ (vals), `${f}.encoded`)) probs.push(p);
       }
     }
   }

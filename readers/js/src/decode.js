@@ -11,6 +11,7 @@
 
 import { CODEBOOKS } from "./tables.js";
 import { error } from "./errors.js";
+import { allocate } from "./alloc.js";
 import { gridShape, params, storedGridShape, usesSlots, wordsPerRow } from "./descriptor.js";
 import { bf16ToF32, f16Table, f32FromBits, f32ToF16Bits, floatLut, intLut, roundTrip } from "./floats.js";
 import { scaleToCanonical, unpackDevice } from "./layouts.js";
@@ -132,7 +133,7 @@ export function widen(store, name) {
   const bits = WIDEN_BITS[/** @type {keyof typeof WIDEN_BITS} */ (e.dtype)];
   if (bits === undefined) throw new Error(`cannot widen ${e.dtype}`);
   const n = (b.length * 8) / bits;
-  const out = new Float32Array(n);
+  const out = allocate(Float32Array, n, `the values of stored tensor ${JSON.stringify(name)}`);
   widenInto(e.dtype, b, 0, n, out, 0);
   return out;
 }
@@ -503,7 +504,7 @@ function rowMultiple(desc) {
 export function decode(desc, store, region, tensor) {
   const reg = region ?? desc.shape.map((n) => /** @type {[number, number]} */ ([0, n]));
   const size = regionSize(reg);
-  const out = desc.dtype === "float32" ? new Float32Array(size) : new Uint16Array(size);
+  const out = allocate(desc.dtype === "float32" ? Float32Array : Uint16Array, size, `the ${size} decoded ${desc.dtype} values`, tensor);
   if (size === 0) return out;
   const put = (/** @type {Float32Array} */ x, /** @type {number} */ at) => {
     if (desc.dtype === "float32") out.set(x, at);

@@ -3,15 +3,18 @@
 
 import { parseHeader } from "./container.js";
 import { QFormatError, error } from "./errors.js";
-import { interpret, logicalNames, problems } from "./model.js";
+import { interpret, logicalNames, problems, storedOf } from "./model.js";
 import { decode } from "./decode.js";
 import { memorySource } from "./source.js";
 import { checkPayload } from "./check.js";
 import { DIGEST_DIGITS, digestProblems, sha256Hex } from "./digest.js";
+import { allocate, checkLength } from "./alloc.js";
 
 export { QFormatError } from "./errors.js";
 export { memorySource, bufferSource, blobSource, RangeCache } from "./source.js";
-export { urlSource, PROBE_BYTES } from "./http.js";
+export { urlSource, PROBE_BYTES, DEADLINE_MS, MIN_BYTES_PER_SECOND } from "./http.js";
+export { redactUrl, redactUrlsIn } from "./redact.js";
+export { MAX_ARRAY_LENGTH } from "./alloc.js";
 export { openAsync, openUrl, openBlob, openBytesAsync, checkAsync, fetchRanges, LazyFile, MAX_PARALLEL, PART_BYTES } from "./lazy.js";
 export { parseStrict, JsonError } from "./json.js";
 export { f32ToF16Bits, f32ToBf16Bits, f16ToF32, bf16ToF32, floatLut } from "./floats.js";
@@ -55,6 +58,7 @@ export class QFile {
         let b = this._bytes.get(n);
         if (!b) {
           const e = /** @type {import("./container.js").Entry} */ (h.entries.get(n));
+          checkLength(e.end - e.begin, `the ${e.end - e.begin} bytes of stored tensor ${JSON.stringify(n)}`, n);  // before the source allocates them
           b = src.read(h.dataStart + e.begin, e.end - e.begin);
           this._bytes.set(n, b);
         }
@@ -99,7 +103,7 @@ export class QFile {
 
   /** @param {string} name */
   _require(name) {
-    if (!this.model.raw.has(name) && !this.model.plain.includes(name)) throw error("TENSOR_NOT_FOUND", `no tensor named ${JSON.stringify(name)}`, name);
+    if (!this.model.raw.has(name) && !this.model.plainSet.has(name)) throw error("TENSOR_NOT_FOUND", `no tensor named ${JSON.stringify(name)}`, name);
   }
 
   /** The descriptor of a logical tensor as parsed JSON (Maps turned into plain objects), or null for a plain tensor. @param {string} name */
@@ -125,9 +129,9 @@ export class QFile {
   _checkDigests(name) {
     const dg = this.model.digests ?? null;
     if (!this.verify || dg === null || this._verified.has(name)) return;
-    const desc = this.model.descriptors.get(name);
-    const stored = desc ? [...this.model.components].filter(([, owner]) => owner === name).map(([c]) => c) : [name];
-    const probs = digestProblems(dg, this.header, this.store.bytes, () => name, this._sha256, stored);
+    // a digest listed under the logical name itself (no stored tensor) refuses it too (SPEC.md §3.8)
+    const stored = storedOf(this.model, name);
+    const probs = digestProblems(dg, this.header, this.store.bytes, () => name, this._sha256, stored.includes(name) ? stored : [...stored, name]);
     if (probs.length) throw probs[0];
     this._verified.add(name);
   }
@@ -167,7 +171,7 @@ export class QFile {
     }
     if (box === null) return { dtype: e.dtype, shape: outShape, data: all.slice(), quantized: false };
     if (e.dtype === "F4") {  // §2.6: value k in the low nibble of byte k >> 1 (odd), the high one (even); the box packed the same way
-      const vals = new Uint8Array(all.length * 2);
+      const vals = allocate(Uint8Array, all.length * 2, "the values of an F4 tensor", name);
       for (let i = 0; i < all.length; i++) {
         vals[2 * i] = all[i] & 0x0f;
         vals[2 * i + 1] = all[i] >> 4;
@@ -281,10 +285,11 @@ export function check(input, opts = {}) {
     throw e;
   }
   const out = [...(opts.strict ? f.header.lenient : []), ...f.problems()];
-  for (const [name, desc] of f.model.descriptors) out.push(...checkPayload(name, desc, f.store));
+  // loops, not push(...list): a spread of a long list overflows the stack (issue 40)
+  for (const [name, desc] of f.model.descriptors) for (const p of checkPayload(name, desc, f.store)) out.push(p);
   if (opts.digests) {
     const comps = f.model.components;
-    out.push(...digestProblems(f.model.digests ?? null, f.header, f.store.bytes, (s) => comps.get(s) ?? s, opts.sha256));
+    for (const p of digestProblems(f.model.digests ?? null, f.header, f.store.bytes, (s) => comps.get(s) ?? s, opts.sha256)) out.push(p);
   }
   return out;
 }

@@ -4,10 +4,12 @@
 // model.js, decode.js, check.js) reads as its ByteSource.  Nothing is parsed or decoded here.
 
 import { QFile, check as coreCheck } from "./index.js";
+import { storedOf } from "./model.js";
 import { QFormatError, error } from "./errors.js";
 import { LIMITS } from "./tables.js";
 import { RangeCache, blobSource, bufferSource } from "./source.js";
 import { urlSource } from "./http.js";
+import { MAX_ARRAY_LENGTH, allocate, checkLength } from "./alloc.js";
 
 /** At most this many reads of one source are in flight at once. */
 export const MAX_PARALLEL = 4;
@@ -30,26 +32,31 @@ async function pool(tasks, n) {
  * Fetch the byte ranges `ranges` ([start, end) pairs) that `cache` lacks: adjacent and
  * overlapping ones are coalesced into one range, each range is fetched in parts of at most
  * PART_BYTES, `parallel` parts at a time, into one buffer per range.  Every length comes from
- * a header parseHeader has checked against the file size.
+ * a header parseHeader has checked against the file size; a coalesced range stays within
+ * `maxLength` (one array's), and a range past it is refused (SHAPE_UNREPRESENTABLE) before
+ * anything is fetched.
  * @param {import("./source.js").AsyncByteSource} src @param {RangeCache} cache
- * @param {[number, number][]} ranges @param {number} [parallel]
+ * @param {[number, number][]} ranges @param {number} [parallel] @param {number} [maxLength]
  */
-export async function fetchRanges(src, cache, ranges, parallel = MAX_PARALLEL) {
+export async function fetchRanges(src, cache, ranges, parallel = MAX_PARALLEL, maxLength = MAX_ARRAY_LENGTH) {
   const todo = ranges.filter(([a, b]) => b > a && !cache.has(a, b - a)).sort((x, y) => x[0] - y[0]);
-  /** @type {[number, number][]} */
+  for (const [a, b] of todo) checkLength(b - a, `bytes [${a}, ${b}) of the file`, null, maxLength);
+  /** @type {{a: number, b: number, held: [number, number][]}[]} coalesced ranges and the asked ones each holds */
   const merged = [];
   for (const [a, b] of todo) {
     const last = merged[merged.length - 1];
-    if (last && a <= last[1]) last[1] = Math.max(last[1], b);
-    else merged.push([a, b]);
+    if (last && a <= last.b && Math.max(last.b, b) - last.a <= maxLength) {
+      last.b = Math.max(last.b, b);
+      last.held.push([a, b]);
+    } else merged.push({ a, b, held: [[a, b]] });
   }
   /** @type {(() => Promise<void>)[]} */
   const tasks = [];
-  /** @type {[number, Uint8Array][]} */
+  /** @type {[number, Uint8Array, [number, number][]][]} */
   const done = [];
-  for (const [a, b] of merged) {
-    const buf = new Uint8Array(b - a);
-    done.push([a, buf]);
+  for (const { a, b, held } of merged) {
+    const buf = allocate(Uint8Array, b - a, `bytes [${a}, ${b}) of the file`);
+    done.push([a, buf, held]);
     for (let p = a; p < b; p += PART_BYTES) {
       const len = Math.min(PART_BYTES, b - p);
       tasks.push(async () => {
@@ -60,20 +67,22 @@ export async function fetchRanges(src, cache, ranges, parallel = MAX_PARALLEL) {
     }
   }
   await pool(tasks, parallel);
-  for (const [a, buf] of done) cache.add(a, buf);
+  for (const [a, buf, held] of done) cache.add(a, buf, held);
 }
 
 /** A file opened through an AsyncByteSource: QFile's methods, those that read bytes async. */
 export class LazyFile {
   /**
    * @param {import("./source.js").AsyncByteSource} src @param {RangeCache} cache @param {QFile} file
-   * @param {{parallel?: number}} opts
+   * @param {{parallel?: number, maxArrayLength?: number}} opts
    */
   constructor(src, cache, file, opts) {
     this.src = src;
     this.cache = cache;
     this.file = file;
     this.parallel = opts.parallel ?? MAX_PARALLEL;
+    /** the longest array a read allocates (stored bytes, decoded values); longer ones are refused before they are fetched */
+    this.maxArrayLength = opts.maxArrayLength ?? MAX_ARRAY_LENGTH;
   }
 
   get size() {
@@ -98,9 +107,7 @@ export class LazyFile {
 
   /** The stored tensors (components, or the plain tensor itself) that decoding `name` reads. @param {string} name */
   stored(name) {
-    const m = this.file.model;
-    if (!m.raw.has(name)) return [name];
-    return [...m.components].filter(([, owner]) => owner === name).map(([c]) => c);
+    return [...storedOf(this.file.model, name)];
   }
 
   /** The byte range of each stored tensor in `names`. @param {string[]} names @returns {[number, number][]} */
@@ -114,8 +121,24 @@ export class LazyFile {
 
   /** Fetch what decoding each of `names` needs (one coalesced batch). @param {string[]} names */
   async fetchTensors(names) {
-    for (const n of names) this.file.shape(n);  // unknown or refused: throw before fetching anything
-    await fetchRanges(this.src, this.cache, this._ranges(names.flatMap((n) => this.stored(n))), this.parallel);
+    for (const n of names) {
+      this.file.shape(n);  // unknown or refused: throw before fetching anything
+      for (const [a, b] of this._ranges(this.stored(n))) checkLength(b - a, `the ${b - a} stored bytes of ${JSON.stringify(n)}`, n, this.maxArrayLength);
+    }
+    await fetchRanges(this.src, this.cache, this._ranges(names.flatMap((n) => this.stored(n))), this.parallel, this.maxArrayLength);
+  }
+
+  /**
+   * SHAPE_UNREPRESENTABLE, before anything is fetched, where the values `box` (null: all) of
+   * `name` need a longer array than maxArrayLength.  A malformed box is left to QFile.read.
+   * @param {string} name @param {any} box
+   */
+  _checkOutput(name, box) {
+    const shape = this.file.shape(name);
+    const reg = box ?? shape.map((s) => [0, s]);
+    if (!Array.isArray(reg) || !reg.every((r) => Array.isArray(r) && r.length === 2 && r.every(Number.isSafeInteger))) return;
+    const n = reg.reduce((acc, [lo, hi]) => acc * Math.max(0, hi - lo), 1);
+    checkLength(n, `the ${n} values of ${JSON.stringify(name)}`, name, this.maxArrayLength);
   }
 
   /**
@@ -132,6 +155,7 @@ export class LazyFile {
 
   /** @param {string} name @param {[number, number][]|null} [box] */
   async read(name, box = null) {
+    this._checkOutput(name, box);
     return this._with([name], () => this.file.read(name, box));
   }
 
@@ -142,6 +166,7 @@ export class LazyFile {
 
   /** @param {string} name @param {[number, number]} rows */
   async getSlice(name, rows) {
+    this._checkOutput(name, [rows, ...this.file.shape(name).slice(1).map((s) => [0, s])]);
     return this._with([name], () => this.file.getSlice(name, rows));
   }
 
@@ -149,6 +174,7 @@ export class LazyFile {
   async loadAll() {
     const probs = this.problems();
     if (probs.length) throw probs[0];
+    for (const n of this.keys()) this._checkOutput(n, null);
     return this._with(this.keys(), () => this.file.loadAll());
   }
 
@@ -156,7 +182,7 @@ export class LazyFile {
   async check(opts = {}) {
     const all = this._ranges([...this.file.header.entries.keys()]);
     for (;;) {  // as _with: no release() between the fetch and the check
-      await fetchRanges(this.src, this.cache, all, this.parallel);
+      await fetchRanges(this.src, this.cache, all, this.parallel, this.maxArrayLength);
       if (all.every(([a, b]) => b === a || this.cache.has(a, b - a))) return coreCheck(this.cache, opts);
     }
   }
@@ -178,6 +204,7 @@ export class LazyFile {
  */
 export async function openAsync(src, opts = {}) {
   const cache = new RangeCache(src.size);
+  if (!Number.isSafeInteger(src.size) || src.size < 0) throw error("FILE_UNREADABLE", `the source is ${src.size} bytes: expected a size from 0 to 2^53 - 1, the largest offset this reader addresses exactly`);
   if (src.prefix?.length) cache.add(0, src.prefix);
   if (src.size >= 8) {
     await fetchRanges(src, cache, [[0, 8]]);

@@ -25,6 +25,8 @@ const TOP_MEMBERS = ["version", "tensors", "extensions"];
  * @property {Map<string, any>} raw    every member of `tensors` (raw JSON), in file order
  * @property {string[]} plain          plain tensor names, sorted
  * @property {Map<string, string>} components  component -> its (first) logical owner
+ * @property {Map<string, string[]>} parts  logical tensor -> the components it owns (components inverted)
+ * @property {Set<string>} plainSet    `plain` as a set (membership in constant time)
  * @property {QFormatError[]} fileProblems
  * @property {Map<string, QFormatError[]>} tensorProblems
  * @property {Map<string, any>|null} [digests]  the qformat object's valid `digests` member (SPEC.md §3.8), if any
@@ -32,7 +34,25 @@ const TOP_MEMBERS = ["version", "tensors", "extensions"];
 
 /** @param {FileModel} m */
 export function problems(m) {
-  return [...m.fileProblems, ...[...m.tensorProblems.values()].flat()];
+  const out = [...m.fileProblems];
+  for (const l of m.tensorProblems.values()) for (const p of l) out.push(p);
+  return out;
+}
+
+/** The stored tensors that reading `name` uses: a logical tensor's components, or the plain tensor. @param {FileModel} m @param {string} name */
+export function storedOf(m, name) {
+  return m.raw.has(name) ? m.parts.get(name) ?? [] : [name];
+}
+
+/** Fill `parts` and `plainSet` from `components` and `plain`. @param {FileModel} m */
+function index(m) {
+  for (const [comp, owner] of m.components) {
+    const l = m.parts.get(owner);
+    if (l) l.push(comp);
+    else m.parts.set(owner, [comp]);
+  }
+  m.plainSet = new Set(m.plain);
+  return m;
 }
 
 /** Names a reader returns: plain and logical tensors, sorted. @param {FileModel} m */
@@ -48,7 +68,7 @@ const utf8 = new TextEncoder();
  */
 export function interpret(header) {
   /** @type {FileModel} */
-  const m = { version: null, descriptors: new Map(), raw: new Map(), plain: [], components: new Map(), fileProblems: [], tensorProblems: new Map(), digests: null };
+  const m = { version: null, descriptors: new Map(), raw: new Map(), plain: [], components: new Map(), parts: new Map(), plainSet: new Set(), fileProblems: [], tensorProblems: new Map(), digests: null };
   const info = (/** @type {string} */ name) => {
     const e = header.entries.get(name);
     return e === undefined ? null : { dtype: e.dtype, shape: e.shape };
@@ -57,24 +77,24 @@ export function interpret(header) {
   if (text === undefined) {
     m.plain = sortedNames([...header.entries.keys()]);
     plainDtypeProblems(m, header);
-    return m;
+    return index(m);
   }
   const obj = qformatObject(text, m);
-  if (obj === null) return m;
+  if (obj === null) return index(m);
   const v = obj.get("version");
   if (typeof v !== "string" || !VERSION_RE.test(v)) {
     m.fileProblems.push(error("VERSION_INVALID", "expected a string MAJOR.MINOR such as \"1.0\"", null, "version"));
-    return m;
+    return index(m);
   }
   const [major, minor] = v.split(".").map(Number);
   if (major !== 1) {
     m.fileProblems.push(error("VERSION_UNSUPPORTED", `this reader implements major version 1, the file declares ${v}`, null, "version"));
-    return m;
+    return index(m);
   }
   m.version = v;
   const newer = minor > READER_MINOR;
-  m.fileProblems.push(...topLevelProblems(obj, newer, minor));
-  if (m.fileProblems.length) return m;
+  for (const p of topLevelProblems(obj, newer, minor)) m.fileProblems.push(p);
+  if (m.fileProblems.length) return index(m);
   if (obj.has("digests") && (newer || minor >= 2)) m.digests = obj.get("digests");
   /** @type {Map<string, string[]>} */
   const claims = new Map();
@@ -113,7 +133,7 @@ export function interpret(header) {
   }
   m.plain = sortedNames([...header.entries.keys()].filter((n) => !m.components.has(n) && !m.raw.has(n)));
   plainDtypeProblems(m, header);
-  return m;
+  return index(m);
 }
 
 /** @param {string} text @param {FileModel} m @returns {Map<string, any>|null} */

@@ -8,6 +8,7 @@ import { QFile, check as coreCheck } from "./index.js";
 import { error, sortedNames, QFormatError } from "./errors.js";
 import { JsonError, parseStrict } from "./json.js";
 import { LIMITS } from "./tables.js";
+import { allocate } from "./alloc.js";
 
 export * from "./index.js";
 
@@ -35,12 +36,17 @@ export function fileSource(path) {
   } catch (e) {
     throw error("FILE_UNREADABLE", `cannot read ${JSON.stringify(path)}: ${/** @type {Error} */ (e).message}`);
   }
-  const size = fstatSync(fd).size;
+  const big = fstatSync(fd, { bigint: true }).size;
+  if (big > BigInt(Number.MAX_SAFE_INTEGER)) {
+    closeSync(fd);
+    throw error("FILE_UNREADABLE", `${JSON.stringify(path)} is ${big} bytes, past 2^53 - 1, the largest offset this reader addresses exactly`);
+  }
+  const size = Number(big);
   return {
     size,
     fd,
     read(/** @type {number} */ offset, /** @type {number} */ length) {
-      const buf = new Uint8Array(length);
+      const buf = allocate(Uint8Array, length, `bytes [${offset}, ${offset + length}) of ${JSON.stringify(path)}`);
       let done = 0;
       while (done < length) {
         const n = readSync(/** @type {number} */ (fd), buf, done, length - done, offset + done);
@@ -128,14 +134,26 @@ export function readIndex(path) {
   return { folder, weightMap: wm, shards };
 }
 
+/** The names the index places in each shard (one pass over the weight map, not one per shard). @param {Map<string, string>} weightMap */
+function byShard(weightMap) {
+  /** @type {Map<string, Set<string>>} */
+  const out = new Map();
+  for (const [n, s] of weightMap) {
+    const l = out.get(s);
+    if (l) l.add(n);
+    else out.set(s, new Set([n]));
+  }
+  return out;
+}
+
 /**
  * INDEX_MISMATCH problems between an index and one opened shard.
- * @param {Map<string, string>} weightMap @param {string} shard @param {QFile} f
+ * @param {Map<string, Set<string>>} placed  byShard(weight map) @param {string} shard @param {QFile} f
  */
-function mismatches(weightMap, shard, f) {
+function mismatches(placed, shard, f) {
   const out = [];
   const visible = new Set([...f.header.entries.keys(), ...f.model.raw.keys()]);
-  const listed = new Set([...weightMap].filter(([, s]) => s === shard).map(([n]) => n));
+  const listed = placed.get(shard) ?? new Set();
   for (const n of sortedNames([...listed].filter((x) => !visible.has(x)))) out.push(error("INDEX_MISMATCH", `the index places ${JSON.stringify(n)} in ${JSON.stringify(shard)}, which has no such tensor`, n, "weight_map"));
   for (const n of sortedNames([...f.header.entries.keys()].filter((x) => !listed.has(x)))) out.push(error("INDEX_MISMATCH", `shard ${JSON.stringify(shard)} holds ${JSON.stringify(n)}, which the index does not list`, n, "weight_map"));
   return out;
@@ -154,6 +172,7 @@ export function loadCheckpoint(path) {
   readable(path);
   if (!path.endsWith(".json")) return loadOne(path);
   const idx = readIndex(path);
+  const placed = byShard(idx.weightMap);
   /** @type {Map<string, LoadedTensor>} */
   const out = new Map();
   for (const shard of idx.shards) {
@@ -174,11 +193,11 @@ export function loadCheckpoint(path) {
         const { interpret } = /** @type {any} */ (modelModule);
         const header = parseHeader(src);
         const model = interpret(header);
-        const mm = mismatches(idx.weightMap, shard, /** @type {any} */ ({ header, model }));
+        const mm = mismatches(placed, shard, /** @type {any} */ ({ header, model }));
         if (mm.length) throw mm[0];
         throw model.fileProblems[0];
       }
-      const mm = mismatches(idx.weightMap, shard, f);
+      const mm = mismatches(placed, shard, f);
       if (mm.length) throw mm[0];
       for (const [name, t] of loadFrom(f)) {
         if (out.has(name)) throw error("INDEX_MISMATCH", `tensor ${JSON.stringify(name)} appears in more than one shard`, name, "weight_map");

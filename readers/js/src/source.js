@@ -70,36 +70,60 @@ export function blobSource(blob) {
 /**
  * A ByteSource over the ranges fetched so far: the synchronous view the decoder reads.  Every
  * read must fall inside one fetched range; src/lazy.js fetches whole entries, so it always does.
+ * A chunk added with the ranges it was fetched for is found by their starts in constant time (a
+ * file of many tensors read one by one stays linear); chunks added without (the probe, the
+ * header: a few) are searched.
  */
 export class RangeCache {
   /** @param {number} size */
   constructor(size) {
     this.size = size;
-    /** @type {{start: number, bytes: Uint8Array}[]} */
-    this.chunks = [];
+    /** @type {{start: number, bytes: Uint8Array}[]} chunks found by search */
+    this.spans = [];
+    /** @type {Map<number, {start: number, bytes: Uint8Array}>} a fetched range's start -> its chunk */
+    this.byStart = new Map();
   }
 
-  /** @param {number} start @param {Uint8Array} bytes */
-  add(start, bytes) {
-    this.chunks.push({ start, bytes });
+  /**
+   * @param {number} start @param {Uint8Array} bytes
+   * @param {[number, number][]} [ranges]  the [begin, end) ranges (inside the chunk) it was fetched for
+   */
+  add(start, bytes, ranges) {
+    const c = { start, bytes };
+    if (!ranges) {
+      this.spans.push(c);
+      return;
+    }
+    this.byStart.set(start, c);
+    for (const [a] of ranges) this.byStart.set(a, c);
+  }
+
+  /** The chunk holding [off, off + len), or null. @param {number} off @param {number} len */
+  _find(off, len) {
+    const inside = (/** @type {{start: number, bytes: Uint8Array}|undefined} */ c) => c !== undefined && c.start <= off && off + len <= c.start + c.bytes.length;
+    const c = this.byStart.get(off);
+    if (inside(c)) return /** @type {{start: number, bytes: Uint8Array}} */ (c);
+    for (const s of this.spans) if (inside(s)) return s;
+    return null;
   }
 
   /** @param {number} off @param {number} len */
   has(off, len) {
-    return this.chunks.some((c) => c.start <= off && off + len <= c.start + c.bytes.length);
+    return len === 0 || this._find(off, len) !== null;
   }
 
   /** @param {number} off @param {number} len @returns {Uint8Array} */
   read(off, len) {
-    for (const c of this.chunks) {
-      if (c.start <= off && off + len <= c.start + c.bytes.length) return c.bytes.subarray(off - c.start, off - c.start + len);
-    }
+    if (len === 0) return new Uint8Array(0);  // an empty tensor: no bytes to have fetched
+    const c = this._find(off, len);
+    if (c !== null) return c.bytes.subarray(off - c.start, off - c.start + len);
     // a bug of the caller (lazy.js fetches before it decodes), not a property of the file
     throw new Error(`bytes [${off}, ${off + len}) were read before they were fetched`);
   }
 
   /** Forget every range that does not start before `keep` (the header stays). @param {number} keep */
   release(keep) {
-    this.chunks = this.chunks.filter((c) => c.start < keep);
+    this.spans = this.spans.filter((c) => c.start < keep);
+    for (const [a, c] of this.byStart) if (c.start >= keep) this.byStart.delete(a);
   }
 }

@@ -237,6 +237,6 @@ export function objectFailures(obj, newer, minor = 0) {
     if (extra.length) out.push(`Q3: unknown top-level members ${JSON.stringify(extra)}`);
   }
   if (obj.has("extensions") && !isExtensions(obj.get("extensions"))) out.push("Q4: 'extensions' is not a list of extensions as §3.5 describes them");
-  if (withDigests && obj.has("digests")) out.push(...digestsFailures(obj.get("digests")));
+  if (withDigests && obj.has("digests")) for (const f of digestsFailures(obj.get("digests"))) out.push(f);
   return out;
 }

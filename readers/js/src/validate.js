@@ -170,8 +170,8 @@ export function validateDescriptor(name, desc, info, depth, newer, minor) {
     add("SHAPE_INVALID", "shape", "the element count reaches 2^64");
     return probs;
   }
-  probs.push(...extensionProblems(desc.extensions, newer, "tensor", name));
-  probs.push(...layoutProblems(desc, minor, depth, name));
+  for (const p of extensionProblems(desc.extensions, newer, "tensor", name)) probs.push(p);
+  for (const p of layoutProblems(desc, minor, depth, name)) probs.push(p);
   if (probs.length) return probs;
   // element
   const el = desc.codes.element;
@@ -222,7 +222,7 @@ export function validateDescriptor(name, desc, info, depth, newer, minor) {
       }
     }
   }
-  for (const prm of params(desc)) probs.push(...paramProblems(name, desc, prm, info, depth, newer, minor));
+  for (const prm of params(desc)) for (const p of paramProblems(name, desc, prm, info, depth, newer, minor)) probs.push(p);
   return probs;
 }
 

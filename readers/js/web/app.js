@@ -4,7 +4,7 @@
 // which is what a test (or a person) waits for.  ?a=URL&b=URL opens URLs on load.
 
 import { JFloat } from "../src/json.js";
-import { blobSource, openAsync, urlSource } from "../src/index.js";
+import { blobSource, openAsync, redactUrl, urlSource } from "../src/index.js";
 import { isGguf, readGguf } from "./gguf.js";
 import { histogram, human, sqnr, tensorRow, toNumbers } from "./stats.js";
 import { barChartSvg, histogramSvg } from "./charts.js";
@@ -50,6 +50,7 @@ function jsonText(d) {
 
 /** @param {string} slot @param {Blob|string} what @param {string} label */
 async function open(slot, what, label) {
+  if (typeof what === "string") label = redactUrl(label);  // user-info and a signed query are credentials: never on the page
   const gen = ++generation;
   slots[slot] = null;
   status(slot, `opening ${label}…`);

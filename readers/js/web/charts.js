@@ -21,7 +21,8 @@ const fmt = (x) => (Math.abs(x) >= 1e4 || (Math.abs(x) < 1e-3 && x !== 0) ? x.to
 export function histogramSvg(h, width = 640, height = 220) {
   const pad = { l: 48, r: 12, t: 10, b: 34 };
   const svg = el("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "histogram", role: "img" });
-  const max = Math.max(1, ...h.counts);
+  let max = 1;  // a loop: Math.max(...list) overflows the stack on long lists
+  for (const c of h.counts) if (c > max) max = c;
   const bw = (width - pad.l - pad.r) / h.counts.length;
   const ih = height - pad.t - pad.b;
   h.counts.forEach((c, i) => {
@@ -46,8 +47,8 @@ export function barChartSvg(rows, unit, width = 640) {
   const labelW = 260;
   const height = rows.length * rowH + 20;
   const svg = el("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "bars", role: "img" });
-  const finite = rows.map(([, v]) => v).filter(Number.isFinite);
-  const max = Math.max(1, ...finite.map(Math.abs));
+  let max = 1;  // a loop: Math.max(...list) overflows the stack with one row per tensor of a large file
+  for (const [, v] of rows) if (Number.isFinite(v) && Math.abs(v) > max) max = Math.abs(v);
   const span = width - labelW - 80;
   rows.forEach(([label, v], i) => {
     const y = 10 + i * rowH;
