@@ -139,7 +139,7 @@ def bench_split_convert(run: Any, tmp: str, quick: bool) -> None:
     est = max(p1, p2) + mg
     for k, (t, c) in enumerate(((p1, pc[0]), (p2, pc[1])), 1):
         run.rows.append({**common, "name": f"quantize --part {k}/2 alone (as on its own host)", "ms": t * 1e3, "cpu_s": c})
-    run.rows.append({**common, "name": "merge (hard links, index)", "ms": mg * 1e3})
+    run.rows.append({**common, "name": "merge (every byte verified, then hard links)", "ms": mg * 1e3})
     run.rows.append({**common, "name": "two hosts, estimated: slower part alone + merge", "ms": est * 1e3, "speedup": t1 / est})
     print(f"[split_convert] {total / MB:.0f} MB fp16 in {shards} shards -> int4 g32 on {os.cpu_count()} CPUs, median of {reps}", flush=True)
     print(f"[split_convert] one process       {t1:8.2f} s wall  {c1:7.2f} s CPU", flush=True)

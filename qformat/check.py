@@ -27,6 +27,7 @@ from .validate import INT_PARAM_DTYPES
 from .errors import QFormatError, error
 from .sources import FileSource
 from .index import INDEX_SUFFIX, is_index, mismatches, scan_index
+from .paths import source_file
 from .redact import scrub, shown
 from .model import interpret
 from .packing import pack_rows, unpack_rows
@@ -528,6 +529,13 @@ def check(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], payl
         p = os.fspath(p)
         if os.path.isdir(p):
             names = sorted(os.listdir(p))
+            listed = [n for n in names if n.endswith(INDEX_SUFFIX) or n.endswith(".safetensors")]
+            for n in listed:  # the path policy: a link leaving the folder is reported, not read
+                try:
+                    source_file(p, n, code="FILE_UNREADABLE", what="file", single=True)
+                except QFormatError as e:
+                    report.problems.append(_problem(e, os.path.join(p, n)))
+                    names.remove(n)
             indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
             covered: set[str] = set()
             for n in indexes:

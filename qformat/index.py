@@ -37,13 +37,13 @@ class Index:
         return out
 
     def shard_path(self, shard: str) -> str:
-        """Where shard file ``shard`` is: next to the index (a path, or a URL for a remote index)."""
-        from .remote import is_url
+        """Where shard file ``shard`` is: next to the index (a path, or for a remote index
+        :func:`qformat.remote.sibling_url`: in its folder, the name percent-encoded whole, without
+        the index's query)."""
+        from .remote import is_url, sibling_url
 
-        if is_url(self.folder):
-            from urllib.parse import quote
-
-            return self.folder + quote(shard)
+        if is_url(self.path):
+            return sibling_url(self.path, shard)
         return os.path.join(self.folder, shard)
 
 
@@ -61,9 +61,10 @@ def scan_index(path: str | os.PathLike[str]) -> tuple[Index, list[QFormatError]]
     """
     path = os.fspath(path)
     limit = tables.limits()["max_index_bytes"]
-    from .remote import fetch_bytes, is_url
+    from .remote import fetch_bytes, is_url, url_basename, url_folder
 
     remote = is_url(path)
+    name = url_basename(path) if remote else os.path.basename(path)  # a URL's name: never its query
     try:
         if remote:  # at most limit + 1 bytes, whatever the server says the length is
             raw = fetch_bytes(path, limit)
@@ -84,9 +85,9 @@ def scan_index(path: str | os.PathLike[str]) -> tuple[Index, list[QFormatError]]
         raise error("INDEX_INVALID", f"the index is not valid JSON: {msg}"[:300]) from None
     wm = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
-        raise error("INDEX_INVALID", f"{os.path.basename(path)!r} is not a sharded-checkpoint index: expected an object 'weight_map' mapping tensor names to shard file names (a .safetensors file or a *.safetensors.index.json is read; `qformat convert` reads other formats)", field="weight_map")
+        raise error("INDEX_INVALID", f"{name!r} is not a sharded-checkpoint index: expected an object 'weight_map' mapping tensor names to shard file names (a .safetensors file or a *.safetensors.index.json is read; `qformat convert` reads other formats)", field="weight_map")
     # A remote index's shards are resolved relative to its URL (the part up to its last '/').
-    folder = path.split("?", 1)[0].rsplit("/", 1)[0] + "/" if remote else os.path.dirname(os.path.abspath(path))
+    folder = url_folder(path) if remote else os.path.dirname(os.path.abspath(path))
     problems = []
     bad = set()
     for shard in sorted(set(wm.values())):
@@ -117,7 +118,7 @@ def mismatches(index: Index, shard: str, header: Header, model: FileModel) -> li
 
 def is_index(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` names an index (``*.json``) rather than a safetensors file."""
-    from .remote import is_url
+    from .remote import is_url, url_basename
 
     path = os.fspath(path)
-    return path.split("?", 1)[0].endswith(".json") if is_url(path) else path.endswith(".json")
+    return url_basename(path).endswith(".json") if is_url(path) else path.endswith(".json")

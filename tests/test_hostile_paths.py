@@ -259,3 +259,126 @@ def test_source_file_follows_links_only_while_they_stay_inside(tmp_path):
             paths.source_file(tmp_path / "root", name, code="INDEX_INVALID")
     with pytest.raises(QFormatError, match="is a folder"):
         paths.source_file(tmp_path / "root", "d", code="INDEX_INVALID")
+
+
+# -- save_pretrained of a model loaded through qformat (readers/qformat_transformers/saving.py) ---
+def _saving():
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from qformat_transformers import saving
+
+    return saving
+
+
+@pytest.mark.parametrize("source_mode,want", [(0o600, 0o600), (0o640, 0o640), (0o644, 0o644), (0o666, 0o644)])
+def test_save_pretrained_copies_are_never_wider_than_their_source(source_mode, want, tmp_path, umask022):
+    """save_pretrained's copies of the loaded folder's side files (copy_missing) get the mode of
+    every other copy (paths.copy_mode): a 0600 file stays 0600."""
+    saving = _saving()
+    src = _plain(tmp_path)
+    os.chmod(src / "tokenizer.json", source_mode)
+    os.chmod(src / "1_Pooling" / "config.json", source_mode)
+    dst = tmp_path / "saved"
+    dst.mkdir()
+    side = saving.side_tree(str(src), dst)
+    copied = saving.copy_missing(side, dst, root=str(src))
+    assert "tokenizer.json" in copied and "1_Pooling/config.json" in copied
+    assert (dst / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    assert _mode(dst / "tokenizer.json") == want
+    assert _mode(dst / "1_Pooling" / "config.json") == want
+    assert not [n for n in os.listdir(dst) if n.startswith(".qformat-")]
+
+
+def test_save_pretrained_copies_a_snapshot_through_its_blobs(tmp_path, umask022):
+    saving = _saving()
+    snap, _ = _snapshot(tmp_path, _plain)
+    dst = tmp_path / "saved"
+    dst.mkdir()
+    copied = saving.copy_missing(saving.side_tree(str(snap), dst), dst, root=str(snap))
+    assert "tokenizer.json" in copied and not (dst / "tokenizer.json").is_symlink()
+    assert json.loads((dst / "1_Pooling" / "config.json").read_text())["pooling_mode_mean_tokens"] is True
+
+
+def test_save_pretrained_refuses_a_side_file_that_now_links_out(tmp_path, umask022):
+    """The loaded folder's side files are listed before the save and copied after it: a name that
+    has become a link leaving the folder by then is refused at the copy (the path policy), and
+    nothing is copied."""
+    saving = _saving()
+    src = _plain(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("PRIVATE")
+    os.chmod(secret, 0o600)
+    dst = tmp_path / "saved"
+    dst.mkdir()
+    side = saving.side_tree(str(src), dst)
+    os.remove(src / "tokenizer.json")
+    os.symlink(secret, src / "tokenizer.json")  # while transformers' save ran
+    with pytest.raises(QFormatError) as e:
+        saving.copy_missing(side, dst, root=str(src))
+    assert e.value.code == "CONVERT_SOURCE_INVALID" and "tokenizer.json" in e.value.message, e.value
+    assert "outside the folder" in e.value.message
+    assert os.listdir(dst) == []
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "link-out"])
+def test_reshard_refuses_a_shard_outside_the_save(how, tmp_path):
+    """reshard rewrites the shards an index names: a name leaving the save folder ('..', an
+    absolute path, a link out) was read, rewritten and replaced outside it."""
+    saving = _saving()
+    save = tmp_path / "saved"
+    idx = _sharded(save)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.move(str(save / "m-2.safetensors"), outside / "m-2.safetensors")
+    before = (outside / "m-2.safetensors").read_bytes(), os.stat(outside / "m-2.safetensors").st_ino
+    if how == "link-out":
+        os.symlink(outside / "m-2.safetensors", save / "m-2.safetensors")
+    _name_shard(idx, {"dotdot": "../elsewhere/m-2.safetensors", "absolute": str(outside / "m-2.safetensors")}.get(how, "m-2.safetensors"))
+    index_before = idx.read_bytes()
+    with pytest.raises(QFormatError) as e:
+        saving.reshard(str(idx), {})
+    assert e.value.code == "INDEX_INVALID" and e.value.field == "weight_map", e.value
+    assert ((outside / "m-2.safetensors").read_bytes(), os.stat(outside / "m-2.safetensors").st_ino) == before
+    assert sorted(os.listdir(outside)) == ["m-2.safetensors"] and sorted(os.listdir(tmp_path)) == ["elsewhere", "saved"]
+    assert idx.read_bytes() == index_before and not [n for n in os.listdir(save) if "qformat-tmp" in n]
+
+
+def test_reshard_of_plain_shard_names_still_works(tmp_path):
+    saving = _saving()
+    idx = _sharded(tmp_path / "saved")
+    saving.reshard(str(idx), {})
+    assert sorted(qformat.load_file(idx)) == ["a", "b"]
+
+
+# -- qformat check of a folder: the files it lists ---------------------------------------------------
+@pytest.mark.parametrize("entry", ["b.safetensors", "model.safetensors.index.json"])
+def test_check_of_a_folder_does_not_read_a_link_leaving_it(entry, tmp_path):
+    """``qformat check FOLDER`` reads every ``*.safetensors`` (and index) it lists: one that is a
+    link leaving the folder is reported (FILE_UNREADABLE, naming it) and not read."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    x = np.arange(64, dtype=np.float32).reshape(2, 32)
+    qformat.save_file({"a": x}, ck / "a.safetensors")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    qformat.save_file({"b": x}, outside / "b.safetensors")
+    (outside / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"b": "b.safetensors"}}))
+    os.symlink(outside / entry, ck / entry)
+    report = qformat.check([str(ck)])
+    assert [(p.code, os.path.basename(p.file)) for p in report.problems] == [("FILE_UNREADABLE", entry)], report.problems
+    assert "outside the folder" in report.problems[0].message and entry in report.problems[0].message
+    assert [os.path.basename(f.path) for f in report.files] == ["a.safetensors"]  # the link's target was never read
+
+
+def test_check_of_a_folder_reads_links_inside_it_and_hub_snapshots(tmp_path):
+    ck = tmp_path / "ck"
+    (ck / "store").mkdir(parents=True)
+    qformat.save_file({"a": np.ones((2, 32), np.float32)}, ck / "store" / "a.safetensors")
+    os.symlink("store/a.safetensors", ck / "a.safetensors")
+    assert qformat.check([str(ck)]).ok
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    qformat.save_file({"a": np.ones((2, 32), np.float32)}, plain / "a.safetensors")
+    snap, _ = _snapshot(tmp_path, lambda t: plain)  # every entry a link into the repository's blobs/
+    report = qformat.check([str(snap)])
+    assert report.ok and [os.path.basename(f.path) for f in report.files] == ["a.safetensors"]

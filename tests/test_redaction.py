@@ -279,11 +279,49 @@ def test_cli_subprocess_hides_secrets(folder):
             assert url.replace("http://", "") in r.stdout + r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="qformat/index.py scan_index names a remote index by os.path.basename(URL), which keeps "
-                                       "its query (issue-40 report: use qformat.remote.url_basename)")
 def test_invalid_remote_index_message_hides_its_query(tmp_path, capsys):
     (tmp_path / "model.safetensors.index.json").write_text('{"not": "an index"}')
     with serve_ranges(tmp_path) as url:
         code, text = run(capsys, "check", secret_url(url, "model.safetensors.index.json"))
         assert code != 0 and "INDEX_INVALID" in text, text
         assert hidden(text), text
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "no-check"])
+def test_invalid_remote_index_of_a_checkpoint_hides_its_query(tmp_path, checked):
+    """The checkpoint source (inspect, convert, ...) fetches a remote index with its query (a
+    signature signs that one object) and names it by its file name: the query must not come with
+    the name (a bare 'name?sig=...' is no URL, so no later scrub would catch it)."""
+    from qformat.checkpoint.source import Checkpoint, unchecked
+    from qformat.inspection import inspect_checkpoint
+
+    (tmp_path / "model.safetensors.index.json").write_text('{"not": "an index"}')
+    with serve_ranges(tmp_path) as url:
+        for fn in (lambda u: Checkpoint(u), lambda u: inspect_checkpoint(u)):
+            remote.forget_opened()
+            with (unchecked() if not checked else redact.showing_secrets(False)):
+                with pytest.raises(QFormatError) as e:
+                    fn(secret_url(url, "model.safetensors.index.json"))
+            assert e.value.code in ("INDEX_INVALID", "CONVERT_SOURCE_INVALID"), e.value
+            assert "model.safetensors.index.json" in str(e.value) and hidden(str(e.value)), str(e.value)
+        # the index itself was fetched with its query (it may be what signs it)
+        assert "/model.safetensors.index.json" + QUERY in {p for _, p, _ in url.log.gets()}
+
+
+def test_tensor_parallel_refusal_of_a_url_is_coded_and_hides_its_secrets():
+    """load_tensor_parallel reads local checkpoints only: a URL is refused with a code
+    (FILE_UNREADABLE), shown by the one rule (it was an uncoded ValueError printing it whole)."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from qformat_torch.distributed import load_tensor_parallel
+
+    url = secret_url("http://127.0.0.1:9/", "m.safetensors")
+    with pytest.raises(QFormatError) as e:
+        load_tensor_parallel(nn.Linear(4, 4), url, rank=0, world=1, plan={})
+    assert e.value.code == "FILE_UNREADABLE" and hidden(str(e.value)), str(e.value)
+    assert shown_url("http://127.0.0.1:9/", "m.safetensors") in str(e.value)
+    with redact.showing_secrets():
+        with pytest.raises(QFormatError) as e:
+            load_tensor_parallel(nn.Linear(4, 4), url, rank=0, world=1, plan={})
+        assert url in str(e.value)

@@ -716,11 +716,7 @@ def test_index_shard_names_never_leave_the_folder(tmp_path, shard, monkeypatch):
         assert {p for _, p, _ in url.log.gets()} == {"/sub/model.safetensors.index.json"}
 
 
-@pytest.mark.parametrize("reader", ["check", "safe_open",
-                                    pytest.param("inspect", marks=pytest.mark.xfail(strict=True, reason=(
-                                        "qformat.checkpoint.source.Checkpoint joins a remote shard name to its folder with "
-                                        "os.path.join, unquoted: '%2e%2e%2f' reaches the server as '../' (see the issue-40 "
-                                        "report: use qformat.remote.sibling_url)")))])
+@pytest.mark.parametrize("reader", ["check", "safe_open", "inspect"])
 def test_encoded_dot_segments_stay_in_the_folder(tmp_path, reader):
     """'%2e%2e%2fsecret.safetensors' is a plain file name (no '/'): it must be fetched as that
     name, percent-encoded, never as '../secret.safetensors' (which a server resolves outside
@@ -747,6 +743,28 @@ def test_encoded_dot_segments_stay_in_the_folder(tmp_path, reader):
         assert paths and all(posixpath.normpath(unquote(urlsplit(p).path)).startswith("/sub/") for p in paths), paths
 
 
+@pytest.mark.parametrize("name", ["m.safetensors", "model-00001-of-00002.safetensors"])
+def test_signed_file_url_keeps_its_query(folder, name):
+    """A single-file URL is read as given: its query (a signature signs that one object) goes
+    with every request for it.  The checkpoint source (inspect, convert, dequantize, export) cut
+    it off, so a signed file URL was answered 403 by the store."""
+    from qformat.checkpoint.source import Checkpoint
+
+    query = "?sig=abc%2Fdef&X-Amz-Expires=60"
+    with serve_ranges(folder) as url:
+        want = inspect_checkpoint(folder / name).to_dict()["tensors"]
+        assert inspect_checkpoint(url + name + query).to_dict()["tensors"] == want
+        remote.forget_opened()
+        ck = Checkpoint(url + name + query)
+        assert ck.files == [name]
+        local = Checkpoint(folder / name)
+        assert ck.names() == local.names()
+        for n in ck.names():  # the payload too, not only the header
+            assert ck.array(n).tobytes() == local.array(n).tobytes(), n
+        paths = {p for _, p, _ in url.log.gets()}
+        assert paths == {"/" + name + query}, paths
+
+
 def test_sibling_url():
     base = "https://user:pw@host:8443/org/m/resolve/main/model.safetensors.index.json?download=1#x"
     assert remote.sibling_url(base, "model-00001.safetensors") == "https://user:pw@host:8443/org/m/resolve/main/model-00001.safetensors"
@@ -755,6 +773,15 @@ def test_sibling_url():
         assert code_of(lambda: remote.sibling_url(base, bad)) == "INDEX_INVALID", bad
     assert remote.url_folder(base) == "https://user:pw@host:8443/org/m/resolve/main/"
     assert remote.url_basename(base) == "model.safetensors.index.json"
+
+
+def test_is_index_by_the_url_path():
+    """A URL is an index by its path's last segment, never by its query or fragment."""
+    from qformat.index import is_index
+
+    assert is_index("https://h/m/model.safetensors.index.json?download=1#x")
+    for url in ("https://h/m/m.safetensors?f=x.json", "https://h/m/m.safetensors#x.json", "https://h/x.json/m.safetensors"):
+        assert not is_index(url), url
 
 
 def test_redirect_to_another_loopback_address_is_another_host(folder, monkeypatch):

@@ -226,7 +226,10 @@ class ByteProgress:
 
 
 def stderr_notice(message: str) -> None:
-    print(f"qformat: {message}", file=sys.stderr)
+    """A notice on stderr, URLs and tokens in it shown by the one redaction rule."""
+    from ..redact import scrub
+
+    print(f"qformat: {scrub(message)}", file=sys.stderr)
 
 
 def release_after(release: Callable[[], None] | None, progress: ByteProgress) -> Callable[[Any], None]:

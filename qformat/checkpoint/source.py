@@ -87,11 +87,11 @@ def parse_json_text(text: str, what: str, tensor: str | None = None, field: str 
 
 def read_json_file(path: str) -> Any:
     """Strictly parse a JSON side file (size-bounded; see :func:`parse_json_text`)."""
-    from ..remote import fetch_bytes, is_url
+    from ..remote import fetch_bytes, is_url, url_basename
 
     if is_url(path):
         raw = fetch_bytes(path, MAX_SIDE_JSON_BYTES)
-        name = path.rsplit("/", 1)[-1]
+        name = url_basename(path)  # never its query: a signature is a credential
         if len(raw) > MAX_SIDE_JSON_BYTES:
             raise source_error(f"{name} is more than the {MAX_SIDE_JSON_BYTES} bytes allowed for a side file")
         try:
@@ -123,7 +123,7 @@ class Checkpoint:
     """
 
     def __init__(self, path: str | os.PathLike[str]):
-        from ..remote import is_url, url_basename
+        from ..remote import is_url, url_basename, url_folder
 
         remote = is_url(os.fspath(path))
         self.path = os.fspath(path) if remote else os.path.abspath(os.fspath(path))
@@ -133,7 +133,7 @@ class Checkpoint:
         self.index: dict[str, Any] | None = None  # the parsed index.json, for sharded sources
         self.index_name: str | None = None
         if remote:  # an http(s) safetensors file or index: its "folder" is its URL up to the last '/'
-            self.folder = self.path.split("?", 1)[0].rsplit("/", 1)[0] + "/"
+            self.folder = url_folder(self.path)
             base = url_basename(self.path)
             if base.endswith(".safetensors.index.json"):
                 self._read_index(base)
@@ -185,7 +185,7 @@ class Checkpoint:
         if self.kind == "safetensors":
             for f in self.files:
                 # other ecosystems' files: null metadata is what the safetensors library reads
-                h = read_header(os.path.join(self.folder, f), null_metadata_ok=True)
+                h = read_header(self.file_path(f), null_metadata_ok=True)
                 self._headers[f] = h
                 for name in h.entries:
                     if name in self._where:
@@ -205,8 +205,8 @@ class Checkpoint:
         of its stored tensors (:meth:`array`, :meth:`component`), on the pages it reads anyway."""
         from ..check import Admission
 
-        index = os.path.join(self.folder, self.index_name) if self.index_name else None
-        adm = Admission([os.path.join(self.folder, f) for f in self.files], index)
+        index = self.file_path(self.index_name) if self.index_name else None
+        adm = Admission([self.file_path(f) for f in self.files], index)
         adm.headers()
         # Payload rules guard the tensors of qformat checkpoints; a plain or other-format
         # checkpoint (whose bytes a converter validates by its own format's rules) gets the header rules.
@@ -219,7 +219,7 @@ class Checkpoint:
             if _CHECKED.get():  # the index rules of `qformat check`, with its codes (INDEX_INVALID, ...)
                 from ..check import check_index
 
-                _, probs = check_index(os.path.join(self.folder, name), payload=False)
+                _, probs = check_index(self.file_path(name), payload=False)
                 for p in probs:
                     if p.code.startswith("INDEX_"):
                         raise error(p.code, p.message, tensor=p.tensor, field=p.field) from None
@@ -228,7 +228,7 @@ class Checkpoint:
     def _parse_index(self, name: str) -> None:
         from ..remote import is_url
 
-        idx = read_json_file(os.path.join(self.folder, name))
+        idx = read_json_file(self.file_path(name))
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
         if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
             raise source_error(f"{name} has no weight_map object of tensor name -> file name")
@@ -239,6 +239,20 @@ class Checkpoint:
             if not is_url(self.folder):  # remote: its open says
                 source_file(self.folder, f, code=SOURCE_CODE, what=what, field="weight_map", single=True, missing="does not exist")
         self.index, self.index_name, self.files = idx, name, files
+
+    def file_path(self, name: str) -> str:
+        """Where the checkpoint's file ``name`` (a weight file, its index, a side file) is: a path
+        in its folder, or for a remote checkpoint a URL.  The URL the user gave is used as given,
+        query and all (a signature signs that one object); every other remote file is
+        :func:`qformat.remote.sibling_url` of it: directly in its folder, on its origin, the name
+        percent-encoded whole (so '%2e%2e%2f' is never '../'), without the query."""
+        from ..remote import is_url, sibling_url, url_basename
+
+        if not is_url(self.path):
+            return os.path.join(self.folder, name)
+        if name == url_basename(self.path):
+            return self.path
+        return sibling_url(self.path, name)
 
     def _entry(self, name: str, what: str) -> bool:
         """Whether the folder's entry ``name`` is a regular file the path policy lets a command
@@ -292,7 +306,7 @@ class Checkpoint:
             raise source_error(f"tensor {name!r} is not in the checkpoint", tensor=name)
         src = self._sources.get(f)
         if src is None:
-            src = self._sources[f] = FileSource(os.path.join(self.folder, f), self._headers[f])
+            src = self._sources[f] = FileSource(self.file_path(f), self._headers[f])
         return src.array(name)
 
     def component(self, name: str) -> Component:
@@ -302,7 +316,7 @@ class Checkpoint:
             raise source_error(f"tensor {name!r} is not in the checkpoint", tensor=name)
         f = self._where[name]
         h = self._headers[f]
-        where = (os.path.join(self.folder, f), h.data_start + h.entries[name].begin)
+        where = (self.file_path(f), h.data_start + h.entries[name].begin)
         admit = None
         if self.admission is not None and self.admission.guards(name):  # copied bytes: checked as they are copied
             admit = lambda: self.admission.tensor(name, _Unguarded(self)) if self.admission.guards(name) else None  # noqa: E731
@@ -349,8 +363,9 @@ class Checkpoint:
         from ..remote import is_url
 
         if is_url(self.folder):
-            p = os.path.join(self.folder, name)
-            return read_json_file(p) if os.path.isfile(p) else None
+            # Side files of a remote checkpoint are not fetched: a missing one would be an HTTP
+            # error, not an absent file (this never asked: the old os.path.isfile(URL) was False).
+            return None
         if source_file(self.folder, name, code=SOURCE_CODE, what="side file") is None:
             return None
         return read_json_file(os.path.join(self.folder, name))  # by its own name (a hub snapshot's link: its blob)

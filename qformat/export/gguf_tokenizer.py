@@ -33,6 +33,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from .. import paths
 from ..errors import error
 
 #: gguf-py ``TokenType`` values (``gguf.TokenType``; fixed by the GGUF format).
@@ -160,7 +161,9 @@ def tokenizer_kvs(ck: Any, vocab_size: int | None, gguf_pre: str | None = None) 
                     "remove those tokens from tokenizer.json or resize the embedding", field="tokenizer.json")
     n = max(vocab_size or 0, max(by_id) + 1 if by_id else 0)
     tokens = [by_id.get(i, (f"[PAD{i}]", UNUSED)) for i in range(n)]
-    pre = choose_pre(os.path.join(ck.folder, "tokenizer.json"), tc, gguf_pre)
+    # tokenizer.json was read above by the path policy (side_json); the file the tokenizers
+    # library opens for the fingerprint is the same one (a hub snapshot's link: its blob)
+    pre = choose_pre(_side_path(ck.folder, "tokenizer.json") or os.path.join(ck.folder, "tokenizer.json"), tc, gguf_pre)
     kv: list[tuple[str, dict[str, Any]]] = [
         (T.MODEL, _str("gpt2")),
         (T.PRE, _str(pre)),
@@ -299,7 +302,20 @@ def special_vocab(folder: str, tj: dict[str, Any], tc: dict[str, Any] | None, co
     return {"ids": ids, "add": add, "chat_template": template}
 
 
-def _read_text(path: str) -> str | None:
+def _side_path(folder: str, name: str) -> str | None:
+    """The path to read for the side file ``name`` of the model folder by the path policy
+    (:func:`qformat.paths.source_file`): None when absent; a link leaving the folder (other than
+    a huggingface_hub snapshot's link into its own blobs/), or a file in a folder that is such a
+    link, is CONVERT_SOURCE_INVALID, naming it."""
+    return paths.source_file(folder, name, code="CONVERT_SOURCE_INVALID", what="side file")
+
+
+def _read_text(folder: str, name: str) -> str | None:
+    """The text of the side file ``name`` (:func:`_side_path`), or None when it is absent or is
+    not UTF-8 text (as gguf-py's SpecialVocab skips what it cannot read)."""
+    path = _side_path(folder, name)
+    if path is None:
+        return None
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -312,19 +328,22 @@ def _chat_template(folder: str, tc: dict[str, Any]) -> Any:
     ``chat_template.jinja`` with ``additional_chat_templates/*.jinja`` (the default first, then the
     others by file name), else ``chat_template.json``'s ``chat_template``."""
     alt: Any = None
-    jinja = _read_text(os.path.join(folder, "chat_template.jinja"))
+    jinja = _read_text(folder, "chat_template.jinja")
     if jinja is not None:
         alt = jinja
         more = os.path.join(folder, "additional_chat_templates")
-        names = sorted(f for f in os.listdir(more) if f.endswith(".jinja")) if os.path.isdir(more) else []
+        try:
+            names = sorted(f for f in os.listdir(more) if f.endswith(".jinja")) if os.path.isdir(more) else []
+        except OSError as e:
+            raise paths.unreadable(more, e) from None
         if names:
             alt = [{"name": "default", "template": jinja}]
-            for f in names:
-                text = _read_text(os.path.join(more, f))
+            for f in names:  # each through the path policy: a linked folder outside is refused too
+                text = _read_text(folder, f"additional_chat_templates/{f}")
                 if text is not None:
                     alt.append({"name": f[: -len(".jinja")], "template": text})
     else:
-        text = _read_text(os.path.join(folder, "chat_template.json"))
+        text = _read_text(folder, "chat_template.json")
         if text is not None:
             try:
                 obj = json.loads(text)

@@ -51,6 +51,7 @@ from torch import nn
 
 import qformat
 from qformat.errors import error, raise_first
+from qformat.redact import shown
 from qformat.remote import is_url
 from qformat.slicing import Read, RecordingSource, describe_alignment, is_aligned, slice_qtensor
 
@@ -238,7 +239,8 @@ def load_tensor_parallel(model: nn.Module, path: str | os.PathLike[str], plan: M
                          kernel: str | None = None, strict: bool = True, read_log: list | None = None) -> nn.Module:
     """Load this rank's tensor-parallel part of a qformat checkpoint into ``model``.
 
-    ``path``: a qformat file or a sharded checkpoint's ``*.safetensors.index.json``.  ``plan``
+    ``path``: a local qformat file or a sharded checkpoint's ``*.safetensors.index.json`` (a URL
+    is ``FILE_UNREADABLE``: the split reads a memory map).  ``plan``
     maps module-name patterns (``*`` stands for one name part; a pattern matches a module name or
     a dotted suffix of it, so transformers' ``"layers.*.mlp.up_proj"`` matches
     ``"model.layers.0.mlp.up_proj"``) to a style of :data:`STYLES`; default: the model's
@@ -284,7 +286,7 @@ def load_tensor_parallel(model: nn.Module, path: str | os.PathLike[str], plan: M
     stats = TPStats(rank=rank, world=world)
     path = os.fspath(path)
     if is_url(path):  # the slicing below reads a memory map; http(s) ranges are not wired in yet
-        raise ValueError(f"load_tensor_parallel reads local checkpoints; {path!r} is a URL")
+        raise error("FILE_UNREADABLE", f"load_tensor_parallel reads local checkpoints; {shown(path)} is a URL: download it first")
 
     with qformat.safe_open(path) as f:
         if hasattr(f, "model"):

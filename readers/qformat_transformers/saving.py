@@ -68,7 +68,7 @@ def save_pretrained(self: Any, save_directory: Any, *args: Any, **kwargs: Any) -
     side = side_tree(source, save_directory) if source is not None else []
     out = cls_save(self, save_directory, *args, **kwargs)
     if os.path.isdir(save_directory):
-        copy_missing(side, save_directory)
+        copy_missing(side, save_directory, root=source)
     if quantizer is not None and os.path.isdir(save_directory):
         from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
@@ -98,26 +98,44 @@ def side_tree(source: str, save_directory: Any) -> list[Any]:
     return side_files(source, {"config.json"}, exclude=[dst])
 
 
-def copy_missing(side: list[Any], save_directory: Any) -> list[str]:
+def copy_missing(side: list[Any], save_directory: Any, root: str | None = None) -> list[str]:
     """Copy each of ``side`` (:class:`qformat.checkpoint.writer.SideFile`) into
     ``save_directory`` unless a file of that name is there (the save wrote it, or it was there
-    before: nothing in the destination is replaced).  Each file is written atomically with
-    ordinary permissions under the umask; folders are made as ``mkdir`` makes them.  Returns
-    the relative names copied."""
-    import shutil
+    before: nothing in the destination is replaced).  Returns the relative names copied.
 
-    from qformat.atomic import atomic_write
+    ``root``: the folder ``side`` was listed from (:func:`side_tree`).  It was listed before the
+    save, so each name is resolved again now by the path policy
+    (:func:`qformat.paths.source_file`): a name that has become a link leaving the folder (or a
+    hub snapshot's blobs), or has gone, is ``CONVERT_SOURCE_INVALID`` before anything is
+    copied.  Each copy is :func:`qformat.checkpoint.writer.copy_file`'s (the user's default
+    mode, never wider than the source's: a 0600 file stays 0600) into a temporary file that
+    then replaces nothing but its own name; folders are made as ``mkdir`` makes them."""
+    import secrets
+
+    from qformat import paths
+    from qformat.checkpoint.writer import copy_file
 
     folder = os.fspath(save_directory)
-    copied = []
+    todo = []
     for s in side:
-        path = os.path.join(folder, *s.name.split("/"))
+        path = os.path.join(folder, *paths.parts(s.name, code="CONVERT_SOURCE_INVALID", root=root or folder, what="side file"))
         if os.path.lexists(path):
             continue
+        source = s.source if root is None else paths.source_file(
+            root, s.name, code="CONVERT_SOURCE_INVALID", what="side file", missing="was in the folder before the save and is gone")
+        todo.append((s.name, source, path))
+    copied = []
+    for name, source, path in todo:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(s.source, "rb") as src, atomic_write(path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        copied.append(s.name)
+        tmp = os.path.join(os.path.dirname(path), f".qformat-{secrets.token_hex(8)}.tmp")
+        try:
+            copy_file(source, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            raise
+        copied.append(name)
     return copied
 
 
@@ -130,6 +148,7 @@ def reshard(index_path: str, descriptors: dict[str, Any], digests: dict[str, str
     from safetensors import safe_open as st_open
     from safetensors.torch import save_file as st_save
 
+    from qformat import paths
     from qformat.checkpoint.output import file_metadata
     from qformat.descriptor import parse_descriptor
     from qformat.digests import with_digests
@@ -138,6 +157,11 @@ def reshard(index_path: str, descriptors: dict[str, Any], digests: dict[str, str
     with open(index_path, encoding="utf-8") as f:
         index = json.load(f)
     where: dict[str, str] = dict(index["weight_map"])  # stored tensor -> shard, as written
+    for shard in sorted(set(where.values()), key=str):
+        # the path policy: shards are read, rewritten and replaced, so each must be a plain file
+        # name of the save folder, a regular file or a link that stays inside it
+        paths.source_file(folder, shard, code="INDEX_INVALID", what="shard", field="weight_map", single=True,
+                          missing="listed in the index does not exist")
     place = dict(where)
     owner: dict[str, str] = {}
     for logical, desc in descriptors.items():

@@ -383,3 +383,48 @@ def test_without_the_tokenizers_package(tmp_path: Path, monkeypatch: pytest.Monk
     assert e.value.code == "DEPENDENCY_MISSING" and "tokenizers" in str(e.value) and not (tmp_path / "o.gguf").exists()
     export(folder, tmp_path / "o.gguf", to="gguf", gguf_pre="gpt-2")
     assert gguf.GGUFReader(tmp_path / "o.gguf").fields[gguf.Keys.Tokenizer.PRE].contents() == "gpt-2"
+
+
+# -- the path policy (qformat.paths, issue 40): side files that link out of the folder ----------------
+@pytest.mark.parametrize("name", ["chat_template.jinja", "additional_chat_templates/tool_use.jinja", "chat_template.json",
+                                  "additional_chat_templates"])
+def test_a_chat_template_linking_out_of_the_folder_is_refused(name: str, tmp_path: Path) -> None:
+    """A chat template is read into the GGUF's keys: one that is a link to a file outside the
+    model folder (or lies in a linked folder outside it) is CONVERT_SOURCE_INVALID, naming it,
+    and nothing is written (it was read and carried into the GGUF)."""
+    outside = tmp_path / "outside"
+    (outside / "deeper").mkdir(parents=True)
+    secret = "{{ SECRET_FROM_OUTSIDE }}"
+    (outside / "secret.jinja").write_text(secret)
+    (outside / "deeper" / "tool_use.jinja").write_text(secret)
+    (outside / "secret.json").write_text(json.dumps({"chat_template": secret}))
+    # additional_chat_templates/ is read beside a chat_template.jinja only
+    files = {"chat_template.jinja": "{{ messages }}"} if name.startswith("additional_chat_templates") else {}
+    folder = _small(tmp_path / "m", BASE_TC, files=files)
+    link = folder / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target = {"chat_template.json": outside / "secret.json", "additional_chat_templates": outside / "deeper"}.get(name, outside / "secret.jinja")
+    os.symlink(target, link)
+    n = _n(folder)
+    cfg = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 64, "vocab_size": n}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    qformat.save_file({"model.embed_tokens.weight": np.zeros((n, 32), np.float16)}, folder / "model.safetensors")
+    out = tmp_path / "m.gguf"
+    with pytest.raises(QFormatError) as e:
+        export(folder, out, to="gguf", gguf_pre="default")
+    assert e.value.code == "CONVERT_SOURCE_INVALID" and "outside the folder" in e.value.message, e.value
+    assert name.split("/")[0] in e.value.message or "tool_use.jinja" in e.value.message, e.value
+    assert sorted(os.listdir(tmp_path)) == ["m", "outside"]
+
+
+def test_a_chat_template_of_a_hub_snapshot_is_read_through_its_blob(tmp_path: Path) -> None:
+    """huggingface_hub's snapshot links into its own blobs/ are the layout's, and are followed."""
+    folder = _small(tmp_path / "m", BASE_TC)
+    repo = tmp_path / "hub" / "models--org--m"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "b1").write_text("{{ from_the_blob }}")
+    snap = repo / "snapshots" / "rev"
+    shutil.copytree(folder, snap)
+    os.symlink("../../blobs/b1", snap / "chat_template.jinja")
+    sv = gt.special_vocab(str(snap), json.loads((snap / "tokenizer.json").read_text()), BASE_TC, None, _n(snap))
+    assert sv["chat_template"] == "{{ from_the_blob }}"

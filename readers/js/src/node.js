@@ -1,8 +1,8 @@
 // Node layer: files read by byte ranges through fs (the header first, then each tensor's own
 // bytes when it is decoded), and sharded checkpoints through *.safetensors.index.json (SPEC.md §14).
 
-import { closeSync, fstatSync, openSync, readSync, readFileSync, statSync } from "node:fs";
-import { basename, dirname, join, resolve } from "node:path";
+import { closeSync, fstatSync, lstatSync, openSync, readSync, readFileSync, realpathSync, statSync } from "node:fs";
+import { basename, dirname, join, resolve, sep } from "node:path";
 import { createHash } from "node:crypto";
 import { QFile, check as coreCheck } from "./index.js";
 import { error, sortedNames, QFormatError } from "./errors.js";
@@ -91,6 +91,76 @@ export function openFile(path, opts = {}) {
   }
 }
 
+/** Whether the real path `path` is the real path `root` or lies under it. @param {string} path @param {string} root */
+function within(path, root) {
+  return path === root || path.startsWith(root.endsWith(sep) ? root : root + sep);
+}
+
+/**
+ * `realpath(repo)/blobs` when `root` is a snapshot of a huggingface_hub cache repository
+ * (`.../models--org--name/snapshots/<revision>`) and that `blobs` is a real folder (not a link:
+ * a `blobs` linking elsewhere, a home folder say, would let the snapshot's links read anything
+ * there); else null.  (qformat/paths.py `hub_blobs`.)
+ * @param {string} root
+ */
+function hubBlobs(root) {
+  let real;
+  try {
+    real = realpathSync(root);
+  } catch {
+    return null;
+  }
+  const snapshots = dirname(real);
+  if (basename(snapshots) !== "snapshots") return null;
+  const blobs = join(dirname(snapshots), "blobs");
+  try {
+    return lstatSync(blobs).isDirectory() ? blobs : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * The one path policy (qformat/paths.py, issue 40) for a file name read from inside a file: the
+ * path to read for the plain name `name` in the folder `root`.  Refused with `code`: a name that
+ * is empty, holds NUL, a backslash or '/', starts with a drive letter, or is '.' or '..'; an
+ * entry that is missing, a folder, or not a regular file; a link whose real path is not a
+ * regular file inside `root`'s real path, or directly in the real blobs/ folder of the
+ * huggingface_hub cache repository whose snapshot `root` is.
+ * @param {string} root @param {string} name @param {string} code @param {string} what @param {string | null} [field]
+ */
+function sourceFile(root, name, code, what, field = null) {
+  const refuse = (/** @type {string} */ why) => error(code, `${what} ${JSON.stringify(name)} (in ${root}) ${why}`, null, field);
+  if (typeof name !== "string" || name === "" || name === "." || name === "..") throw refuse("is not a plain file name");
+  if (name.includes("\0") || name.includes("\\") || name.includes("/") || /^[A-Za-z]:/.test(name)) {
+    throw refuse("must be a plain file name inside the folder (no '/', backslash, NUL or drive letter)");
+  }
+  const path = join(root, name);
+  let st;
+  try {
+    st = lstatSync(path);
+  } catch {
+    throw refuse("listed in the index does not exist");
+  }
+  if (st.isSymbolicLink()) {
+    let target;
+    let realRoot;
+    try {
+      target = realpathSync(path);
+      realRoot = realpathSync(root);
+    } catch {
+      throw refuse("is a broken link");
+    }
+    const blobs = hubBlobs(root);
+    if (!(within(target, realRoot) || (blobs !== null && dirname(target) === blobs))) {
+      throw refuse(`is a link to ${target}, outside the folder${blobs ? " and not directly in its huggingface_hub cache repository's blobs/" : ""}, which qformat does not follow`);
+    }
+    st = statSync(target);
+  }
+  if (!st.isFile()) throw refuse(st.isDirectory() ? "is a folder" : "is not a regular file (a device, pipe or socket)");
+  return path;
+}
+
 /**
  * Parse and validate a sharded checkpoint's index (SPEC.md §14): its weight map and shard names.
  * @param {string} path @returns {{folder: string, weightMap: Map<string, string>, shards: string[]}}
@@ -119,18 +189,9 @@ export function readIndex(path) {
   }
   const folder = dirname(resolve(path));
   const shards = sortedNames([...new Set(/** @type {string[]} */ ([...wm.values()]))]);
-  for (const s of shards) {
-    if (s === "" || s === "." || s === ".." || s.includes("/") || s.includes("\\") || s.includes("\0")) {
-      throw error("INDEX_INVALID", `shard name ${JSON.stringify(s)} must be a plain file name inside the index's folder`, null, "weight_map");
-    }
-    let ok = false;
-    try {
-      ok = statSync(join(folder, s)).isFile();
-    } catch {
-      ok = false;
-    }
-    if (!ok) throw error("INDEX_INVALID", `shard ${JSON.stringify(s)} listed in the index does not exist`, null, "weight_map");
-  }
+  // the path policy: a plain name; a regular file in the folder, or a link that stays inside
+  // it (or goes into the blobs of the huggingface_hub snapshot the folder is)
+  for (const s of shards) sourceFile(folder, s, "INDEX_INVALID", "shard", "weight_map");
   return { folder, weightMap: wm, shards };
 }
 
