@@ -206,17 +206,34 @@ def one_input(data: bytes) -> None:
             manifest.write_text(json.dumps(m))
             if mode & 2:
                 _mutate_files(staging / f"part-{k}-of-2", sandbox, outside, b)
+        # The last byte says whether DST exists already (merged with --overwrite): a folder, a
+        # link to the folder holding the outermost canary, or a file.
+        existing = (data[-1] % 8 if data else 0) - 4
+        if existing == 1:
+            dst.mkdir()
+            (dst / "old.txt").write_text("an earlier destination\n")
+        elif existing == 2:
+            dst.symlink_to(outside, target_is_directory=True)
+        elif existing == 3:
+            dst.write_text("an earlier destination\n")
+        dst_before = _watched(dst, staging) if existing == 1 else (os.readlink(dst) if existing == 2 else None)
         before = _watched(work, sandbox)
         try:
-            split.merge(dst)
+            split.merge(dst, overwrite=existing > 0)
         except QFormatError:
-            assert not os.path.lexists(dst), "a refused merge left a destination"
-            assert not [n for n in os.listdir(sandbox) if n.startswith(".qformat-")], "a refused merge left a temporary"
+            if existing <= 0:
+                assert not os.path.lexists(dst), "a refused merge left a destination"
+            elif existing == 1:
+                assert _watched(dst, staging) == dst_before, "a refused merge changed the earlier destination"
+            elif existing == 2:
+                assert os.readlink(dst) == dst_before, "a refused merge changed the earlier destination link"
         else:
+            assert dst.is_dir() and not dst.is_symlink(), "a merge that succeeded left no destination folder"
             for dirpath, dirs, names in os.walk(dst):
                 for n in names + dirs:
                     st = os.lstat(os.path.join(dirpath, n))
                     assert stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode), f"merged {n} is not a regular file"
+        assert not [n for n in os.listdir(sandbox) if n.startswith(".qformat-")], "the merge left a temporary beside DST"
         assert _watched(work, sandbox) == before, "the merge wrote outside its sandbox"
     finally:
         for dirpath, dirs, names in os.walk(work):  # a fifo or mode change must not stop the clean-up

@@ -300,6 +300,20 @@ def test_the_merged_files_are_never_wider_than_the_default_mode(run):
     assert qformat.check([str(run.out)]).ok
 
 
+def test_an_existing_destination_that_is_a_link_is_replaced_itself(run, tmp_path):
+    """``merge --overwrite`` onto a destination that is a link replaces the link, never what it
+    points at, and leaves no moved-aside ``.qformat-old-*`` behind (found by the atheris merge
+    target: the old link was moved aside and rmtree, which refuses links, left it there)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("not the merge's")
+    run.out.symlink_to(elsewhere, target_is_directory=True)
+    split.merge(run.out, overwrite=True)
+    assert run.out.is_dir() and not run.out.is_symlink() and qformat.check([str(run.out)]).ok
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["keep.txt"]
+    assert not [n for n in os.listdir(run.out.parent) if n.startswith(".qformat-")]
+
+
 # -- two merges into one destination --------------------------------------------------------
 #: Run in the first merge's process: the merge stops inside its critical section (placing its
 #: first file) until the test lets it go, so the second merge overlaps it every time.

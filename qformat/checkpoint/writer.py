@@ -276,7 +276,13 @@ def replace_folder(tmp: str, dst: str) -> None:
         os.rmdir(old)
         os.replace(dst, old)
         os.replace(tmp, dst)
-        shutil.rmtree(old, ignore_errors=True)
+        if os.path.islink(old) or not os.path.isdir(old):
+            # a destination that was a link (or a file) is replaced itself, never what it points
+            # at: the moved-aside link is removed, not followed (rmtree refuses links)
+            with contextlib.suppress(OSError):
+                os.unlink(old)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, dst)
 
