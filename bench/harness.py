@@ -698,7 +698,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (the test suite's smoke run)")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per row (default 7; --quick 1)")
-    ap.add_argument("--json", default="bench/results.json", help="where to write the results")
+    ap.add_argument("--json", default=None, help="where to write the results (default: merged into bench/results.json, "
+                    "replacing only the sections this run measured; with --quick a scratch file in the temporary folder, "
+                    "so a smoke run never touches the committed results)")
     ap.add_argument("--only", default="decode,kernels,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
                     help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py; "
                          "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py; remote, bench/remote.py; "
@@ -799,7 +801,33 @@ def main(argv: list[str] | None = None) -> int:
             m, req = -m, -req
         print(f"  {'MET ' if t['met'] else 'MISS'} {t['target']:<70} {m:9.3f} (required {req})")
     res = {"info": info, "seconds": time.time() - t_start, "rows": run.rows, "targets": run.targets}
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(res, indent=1))
-    print(f"\nwrote {a.json} ({time.time() - t_start:.0f} s)")
+    if a.json is not None:
+        out = Path(a.json)
+    elif a.quick:
+        out = Path(tempfile.gettempdir()) / "qformat-bench-quick.json"
+    else:
+        out = RESULTS
+        res = merge_results(json.loads(out.read_text()) if out.is_file() else None, res)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_name(out.name + ".tmp")
+    tmp_out.write_text(json.dumps(res, indent=1))
+    os.replace(tmp_out, out)
+    print(f"\nwrote {out} ({time.time() - t_start:.0f} s)")
     return 0
+
+
+#: The committed results: every section's latest full run (``merged_runs`` says which run gave which).
+RESULTS = Path(__file__).resolve().parent / "results.json"
+
+
+def merge_results(old: dict | None, new: dict) -> dict:
+    """``old`` with the sections of ``new`` replaced by ``new``'s rows (and targets of the same
+    name), the run recorded in ``merged_runs``; ``new`` alone when there is no ``old``."""
+    if old is None:
+        return new
+    sections = sorted({r["section"] for r in new["rows"]})
+    names = {t["target"] for t in new["targets"]}
+    return {**old,
+            "rows": [r for r in old.get("rows", []) if r.get("section") not in sections] + new["rows"],
+            "targets": [t for t in old.get("targets", []) if t.get("target") not in names] + new["targets"],
+            "merged_runs": old.get("merged_runs", []) + [{"info": new["info"], "seconds": new["seconds"], "sections": sections}]}

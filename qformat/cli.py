@@ -23,6 +23,9 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="qformat", description="Check, inspect, compare, quantize, dequantize, convert, merge and export quantized checkpoints "
                                                  "(qformat in safetensors files; GGUF and other formats through convert and export).")
+    from . import SPEC_VERSION, __version__
+
+    p.add_argument("--version", action="version", version=f"qformat {__version__} (SPEC.md {SPEC_VERSION})")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     c = sub.add_parser("check", help="check files, folders or sharded checkpoints (index.json) for conformance")
     c.add_argument("paths", nargs="+", metavar="PATH")

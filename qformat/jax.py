@@ -8,6 +8,6 @@ still loads no framework.
 
 import sys
 
-import qformat_jax
+from .extras import reader
 
-sys.modules[__name__] = qformat_jax
+sys.modules[__name__] = reader("jax")

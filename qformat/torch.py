@@ -8,6 +8,6 @@ still loads no framework.
 
 import sys
 
-import qformat_torch
+from .extras import reader
 
-sys.modules[__name__] = qformat_torch
+sys.modules[__name__] = reader("torch")

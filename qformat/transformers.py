@@ -9,6 +9,6 @@ core still loads no framework.
 
 import sys
 
-import qformat_transformers
+from .extras import reader
 
-sys.modules[__name__] = qformat_transformers
+sys.modules[__name__] = reader("transformers")

@@ -260,3 +260,22 @@ def test_llama_cpp_speed_build_shares_the_tests_build_options():
     assert FLAGS[:len(BUILD_HEAD)] == BUILD_HEAD
     assert FLAGS[len(BUILD_HEAD)] == "-DGGML_NATIVE=ON"
     assert FLAGS[len(BUILD_HEAD) + 1:len(BUILD_HEAD) + 1 + len(BUILD_TAIL)] == BUILD_TAIL
+
+
+def test_a_partial_run_replaces_only_its_sections() -> None:
+    """``python -m bench --only X`` merges into bench/results.json: X's rows and targets are
+    replaced, every other section's are kept, and the run is recorded (issue 44: a partial run
+    used to overwrite the whole file)."""
+    from bench.harness import merge_results
+
+    old = {"info": {"command": "full"}, "seconds": 9.0,
+           "rows": [{"section": "a", "name": "1"}, {"section": "b", "name": "2"}],
+           "targets": [{"target": "ta", "met": True}, {"target": "tb", "met": False}]}
+    new = {"info": {"command": "--only b"}, "seconds": 1.0,
+           "rows": [{"section": "b", "name": "3"}], "targets": [{"target": "tb", "met": True}]}
+    got = merge_results(old, new)
+    assert got["rows"] == [{"section": "a", "name": "1"}, {"section": "b", "name": "3"}]
+    assert got["targets"] == [{"target": "ta", "met": True}, {"target": "tb", "met": True}]
+    assert got["info"] == {"command": "full"}
+    assert got["merged_runs"] == [{"info": {"command": "--only b"}, "seconds": 1.0, "sections": ["b"]}]
+    assert merge_results(None, new) is new

@@ -1,0 +1,41 @@
+"""The framework extras say how to install what they miss (issue 44), and ``qformat --version``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import qformat
+from qformat.extras import EXTRAS
+
+
+@pytest.mark.parametrize("alias", sorted(EXTRAS))
+def test_a_missing_framework_names_the_install_line(alias: str) -> None:
+    """Each framework the alias needs, made unimportable in a fresh interpreter: the import fails
+    with ModuleNotFoundError naming that framework and the extra to install, and no traceback
+    from inside the reader package."""
+    _, frameworks, extra = EXTRAS[alias]
+    for fw in frameworks:
+        code = (f"import sys; sys.modules[{fw!r}] = None\n"
+                f"try:\n    import qformat.{alias}\n"
+                f"except ModuleNotFoundError as e:\n    print(e.name, '|', e)\nelse:\n    print('imported')")
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        name, _, message = p.stdout.strip().partition(" | ")
+        assert name == fw, p.stdout
+        assert f"pip install 'qformat[{extra}]'" in message and f"qformat.{alias} needs {fw}" in message, message
+
+
+def test_the_alias_is_the_reader_package() -> None:
+    import qformat.torch
+    import qformat_torch
+
+    assert qformat.torch is qformat_torch
+
+
+def test_version() -> None:
+    p = subprocess.run([sys.executable, "-m", "qformat", "--version"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"qformat {qformat.__version__} (SPEC.md {qformat.SPEC_VERSION})"
