@@ -74,7 +74,7 @@ def test_web_page_end_to_end(tmp_path: Path) -> None:
                 "redirected": moved + "a.safetensors"}
         (tmp_path / "plan.json").write_text(json.dumps(plan))
         env = dict(os.environ, QFORMAT_CHROMIUM=browser.chromium() or "")
-        p = subprocess.run(["node", str(ROOT / "tests" / "web_page.mjs"), str(browser.PLAYWRIGHT.parent), site + "web/index.html",
+        p = subprocess.run(["node", str(ROOT / "tests" / "web_page.mjs"), str(browser.PLAYWRIGHT.parent), site + "web/index.html?decoder=wasm",
                             str(tmp_path / "plan.json"), str(shots)], capture_output=True, text=True, timeout=240, env=env)
         assert p.returncode == 0, p.stderr[-3000:]
         out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -82,6 +82,10 @@ def test_web_page_end_to_end(tmp_path: Path) -> None:
 
     assert out["errors"] == [], out
     steps = out["steps"]
+    # the page decodes through libqformat as WebAssembly (readers/js/wasm), and the SQNR values
+    # checked below against NumPy's come from that path
+    assert out["decoder"] == "wasm" and out["wasm"]["path"] == "wasm", (out.get("decoder"), out.get("wasm"))
+    assert out["wasm"]["decodes"] >= 2, out["wasm"]
 
     # 1. the table of the URL-opened checkpoint: every tensor with scheme, shape, dtype, bits, bytes
     a = steps["a"]

@@ -40,6 +40,9 @@ try {
     await page.waitForSelector("#problems[data-state=done]", { timeout: T });
   };
 
+  // 0. which decoder the page loaded (libqformat as WebAssembly, or the JavaScript fallback)
+  out.decoder = await page.evaluate(() => document.documentElement.dataset.decoder ?? null);
+
   // 1. a qformat checkpoint by URL: its table and check; one tensor selected: descriptor and histogram
   await openUrl("a", plan.a);
   await page.click(`#tensors tbody tr[data-name="${plan.tensor}"]`);
@@ -94,6 +97,8 @@ try {
   // 7. a URL that redirects to another origin: refused, the code shown as check's problem
   await openUrl("b", plan.redirected);
   out.steps.redirected = await state();
+  // how many tensors the WebAssembly path decoded for the histogram and the SQNR chart
+  out.wasm = await page.evaluate(async () => (await import(new URL("../src/index.js", location.href).href)).wasmInfo());
 } catch (e) {
   out.errors.push(`driver: ${e && e.stack ? e.stack : e}`);
 } finally {

@@ -77,6 +77,12 @@ export function check(input: ArrayBuffer | ArrayBufferView | ByteSource,
                       opts?: { strict?: boolean; digests?: boolean; sha256?: (bytes: Uint8Array) => string }): QFormatError[];
 /** SHA-256 (FIPS 180-4) of `bytes` as 64 lower-case hexadecimal digits: portable and synchronous. */
 export function sha256Hex(bytes: Uint8Array): string;
+/** libqformat as WebAssembly (src/wasm.js): load it (synchronously; a browser's main thread: initWasmAsync). */
+export function initWasm(source: BufferSource | WebAssembly.Module): boolean;
+export function initWasmAsync(source: Response | BufferSource | PromiseLike<Response>): Promise<boolean>;
+/** Switch the WebAssembly decode path on or off (off by default); returns the previous setting. */
+export function useWasm(on: boolean): boolean;
+export function wasmInfo(): { path: "wasm" | "js"; reason: string | null; loaded: boolean; decodes: number };
 
 /** Encode tensors as a plain safetensors file (logical dtypes map to F32, F16, BF16). */
 export function encodeSafetensors(

@@ -36,6 +36,38 @@ const JS = resolve(HERE, "..");
 const ROOT = resolve(JS, "..", "..");
 /** Inputs are cut to this length. */
 const MAX_INPUT = 1 << 20;
+/**
+ * Whether two plain safetensors files the command wrote hold the same tensors bit for bit, NaN by
+ * class (any NaN matches any NaN: the JavaScript decoder's arithmetic canonicalizes a NaN's
+ * payload, the C library's keeps it).  Returns null, or where they differ.
+ * @param {Buffer} a @param {Buffer} b @returns {string|null}
+ */
+function sameBits(a, b) {
+  if (a.equals(b)) return null;
+  const parse = (/** @type {Buffer} */ f) => {
+    const n = Number(f.readBigUInt64LE(0));
+    return { head: f.subarray(0, 8 + n), meta: JSON.parse(f.subarray(8, 8 + n).toString("utf8")), data: f.subarray(8 + n) };
+  };
+  const [x, y] = [parse(a), parse(b)];
+  if (!x.head.equals(y.head)) return "the headers differ";
+  const nan = { F32: [4, (/** @type {number} */ w) => (w & 0x7fffffff) > 0x7f800000], F16: [2, (/** @type {number} */ w) => (w & 0x7fff) > 0x7c00],
+                BF16: [2, (/** @type {number} */ w) => (w & 0x7fff) > 0x7f80] };
+  for (const [name, e] of Object.entries(x.meta)) {
+    if (name === "__metadata__") continue;
+    const [lo, hi] = e.data_offsets;
+    const [p, q] = [x.data.subarray(lo, hi), y.data.subarray(lo, hi)];
+    if (p.equals(q)) continue;
+    const rule = /** @type {any} */ (nan)[e.dtype];
+    if (!rule) return `${name} (${e.dtype})`;
+    const [size, isNan] = rule;
+    for (let i = 0; i < p.length; i += size) {
+      const [u, v] = size === 4 ? [p.readUInt32LE(i), q.readUInt32LE(i)] : [p.readUInt16LE(i), q.readUInt16LE(i)];
+      if (u !== v && !(isNan(u) && isNan(v))) return `${name} element ${i / size}: ${u.toString(16)} against ${v.toString(16)}`;
+    }
+  }
+  return null;
+}
+
 /** One typed array past this from an input of at most MAX_INPUT bytes is a finding. */
 const MAX_ARRAY_BYTES = 256 << 20;
 const HEAP_MB = 1024;
@@ -402,6 +434,22 @@ async function workerMain() {
       writeFileSync(inPath, inp.bytes);
       const res = protocol.batchEntry(`${inPath}\t${outPath}`);
       if (res.crash) return { kind: "crash", message: res.crash };
+      // the WebAssembly decoder (libqformat, src/wasm.js) against the JavaScript one (the
+      // default): the same code, or the same bits written (NaN by class)
+      if (core.wasmInfo().loaded) {
+        const jsOut = res.code === null ? readFileSync(outPath) : null;
+        const was = core.useWasm(true);
+        let wasm;
+        try {
+          wasm = protocol.batchEntry(`${inPath}\t${outPath}`);
+        } finally {
+          core.useWasm(was);
+        }
+        if (wasm.crash) return { kind: "crash", message: `through WebAssembly: ${wasm.crash}` };
+        if (wasm.code !== res.code) return { kind: "differs", message: `in JavaScript ${res.code ?? "decoded"}, through WebAssembly ${wasm.code ?? "decoded"}` };
+        const diff = jsOut === null ? null : sameBits(readFileSync(outPath), jsOut);
+        if (diff !== null) return { kind: "differs", message: `WebAssembly and JavaScript decoded different bits: ${diff}` };
+      }
       let checked;
       try {
         checked = core.check(inp.bytes, { digests: true }).map((/** @type {any} */ p) => p.code);

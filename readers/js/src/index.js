@@ -9,6 +9,7 @@ import { memorySource } from "./source.js";
 import { checkPayload } from "./check.js";
 import { DIGEST_DIGITS, digestProblems, sha256Hex } from "./digest.js";
 import { allocate, checkLength } from "./alloc.js";
+import { wasmDecode } from "./wasm.js";
 
 export { QFormatError } from "./errors.js";
 export { memorySource, bufferSource, blobSource, RangeCache } from "./source.js";
@@ -20,6 +21,7 @@ export { parseStrict, JsonError } from "./json.js";
 export { f32ToF16Bits, f32ToBf16Bits, f16ToF32, bf16ToF32, floatLut } from "./floats.js";
 export { encodeSafetensors } from "./write.js";
 export { sha256Hex } from "./digest.js";
+export { initWasm, initWasmAsync, useWasm, wasmInfo } from "./wasm.js";
 
 /** @typedef {"float32"|"float16"|"bfloat16"|string} DType */
 /**
@@ -162,7 +164,9 @@ export class QFile {
     const outShape = reg.map(([lo, hi]) => hi - lo);
     if (this.model.raw.has(name)) {
       const desc = /** @type {import("./descriptor.js").Descriptor} */ (this.model.descriptors.get(name));
-      return { dtype: desc.dtype, shape: outShape, data: decode(desc, this.store, box, name), quantized: true };
+      const alloc = (/** @type {number} */ n) => allocate(desc.dtype === "float32" ? Float32Array : Uint16Array, n, `the ${n} decoded ${desc.dtype} values`, name);
+      const data = wasmDecode(this, name, desc, box, alloc) ?? decode(desc, this.store, box, name);
+      return { dtype: desc.dtype, shape: outShape, data, quantized: true };
     }
     const e = /** @type {import("./container.js").Entry} */ (this.header.entries.get(name));
     const all = this.store.bytes(name);

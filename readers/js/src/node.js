@@ -4,13 +4,24 @@
 import { closeSync, fstatSync, lstatSync, openSync, readSync, readFileSync, realpathSync, statSync } from "node:fs";
 import { basename, dirname, join, resolve, sep } from "node:path";
 import { createHash } from "node:crypto";
-import { QFile, check as coreCheck } from "./index.js";
+import { QFile, check as coreCheck, initWasm, useWasm } from "./index.js";
 import { error, sortedNames, QFormatError } from "./errors.js";
 import { JsonError, parseStrict } from "./json.js";
 import { LIMITS } from "./tables.js";
 import { allocate } from "./alloc.js";
 
 export * from "./index.js";
+
+// libqformat as WebAssembly (src/wasm.js): loaded unless QFORMAT_JS_WASM=0, the decode path when
+// QFORMAT_JS_WASM=1 (or useWasm(true)); a missing or uncompilable module leaves the JavaScript
+// decoder, which gives the same bits.
+if (process.env.QFORMAT_JS_WASM !== "0") {
+  try {
+    if (initWasm(readFileSync(new URL("../wasm/qformat.wasm", import.meta.url))) && process.env.QFORMAT_JS_WASM === "1") useWasm(true);
+  } catch {
+    // no module file: the JavaScript path (wasmInfo() says so)
+  }
+}
 
 /** node:crypto's SHA-256 as hexadecimal (about 30 times the portable one's speed). @param {Uint8Array} bytes */
 export function sha256Node(bytes) {

@@ -4,7 +4,7 @@
 // which is what a test (or a person) waits for.  ?a=URL&b=URL opens URLs on load.
 
 import { JFloat } from "../src/json.js";
-import { blobSource, openAsync, redactUrl, urlSource } from "../src/index.js";
+import { blobSource, initWasmAsync, openAsync, redactUrl, urlSource, useWasm, wasmInfo } from "../src/index.js";
 import { isGguf, readGguf } from "./gguf.js";
 import { histogram, human, sqnr, tensorRow, toNumbers } from "./stats.js";
 import { barChartSvg, histogramSvg } from "./charts.js";
@@ -306,6 +306,10 @@ $("#run-check").addEventListener("click", () => {
   runCheck(active);
 });
 const params = new URLSearchParams(location.search);
+// ?decoder=wasm: libqformat as WebAssembly decodes what the page shows (src/wasm.js); where it
+// does not load, the JavaScript decoder does, with the same bits.  data-decoder on <html> says which.
+if (params.get("decoder") === "wasm" && (await initWasmAsync(fetch(new URL("../wasm/qformat.wasm", import.meta.url))))) useWasm(true);
+document.documentElement.dataset.decoder = wasmInfo().path;
 for (const slot of Object.keys(slots)) {
   const u = params.get(slot);
   if (u) /** @type {HTMLInputElement} */ ($(`#slot-${slot} form.url input`)).value = u;

@@ -1,0 +1,449 @@
+/* The public API: opening (memory or a read-only mapping), the exposed tensors, decoding,
+ * plain bytes, digests (SPEC.md 3.8) and the checker (12). */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "internal.h"
+#include "sha256.h"
+
+const char *qf_status_code(qf_status s) { return (unsigned)s < QF_STATUS_COUNT ? qf_status_names[s] : "UNKNOWN"; }
+const char *qf_status_category(qf_status s) { return (unsigned)s < QF_STATUS_COUNT ? qf_status_categories[s] : ""; }
+qf_status qf_status_from_code(const char *code) {
+    for (int i = 1; i < QF_STATUS_COUNT; i++)
+        if (!strcmp(qf_status_names[i], code)) return (qf_status)i;
+    return QF_OK;
+}
+const char *qf_version_string(void) { return "0.1.0"; }
+
+static void clear_err(qf_error *err) {
+    if (err) err->code[0] = err->message[0] = 0;
+}
+
+static void free_file(qf_file *f) {
+    if (!f) return;
+    for (size_t i = 0; i < f->nlogical; i++) qf_probs_free(&f->logical[i].probs);
+    free(f->logical);
+    free(f->exposed);
+    qf_probs_free(&f->lenient);
+    qf_probs_free(&f->plain_probs);
+    qf_arena_free(&f->arena);
+    if (f->map) munmap(f->map, f->map_len);
+    free(f->owned);
+    free(f);
+}
+
+void qf_close(qf_file *f) { free_file(f); }
+
+/* what only a checker sees needs the file kept even when open fails: `keep` */
+static qf_status open_bytes(const void *data, size_t size, const qf_open_options *opts, qf_file **out, qf_error *err, int keep) {
+    clear_err(err);
+    *out = NULL;
+    qf_file *f = (qf_file *)calloc(1, sizeof *f);
+    if (!f) { qf_set_error(err, QF_E_SHAPE_UNREPRESENTABLE, "out of memory"); return QF_E_SHAPE_UNREPRESENTABLE; }
+    if (opts) f->opts = *opts;
+    f->data = (const unsigned char *)data;
+    f->size = size;
+    if (f->opts.max_file_bytes && size > f->opts.max_file_bytes) {
+        qf_set_error(err, QF_E_FILE_UNREADABLE, "the file is %zu bytes, larger than the caller's limit %llu", size, (unsigned long long)f->opts.max_file_bytes);
+        free(f);
+        return QF_E_FILE_UNREADABLE;
+    }
+    qf_status s = qf_parse_container(f, err);
+    if (s) {
+        if (keep) { *out = f; return s; } /* only for the checker's strict findings */
+        free_file(f);
+        return s;
+    }
+    s = qf_interpret(f, err);
+    if (s && !keep && !f->opts.keep_refused) { free_file(f); return s; }
+    if (s) f->refused = s;
+    *out = f;
+    return s;
+}
+
+qf_status qf_open_memory(const void *data, size_t size, const qf_open_options *opts, qf_file **out, qf_error *err) {
+    if (!out) return QF_E_FILE_UNREADABLE;
+    qf_status s = open_bytes(size ? data : "", size, opts, out, err, 0);
+    return s;
+}
+
+qf_status qf_open_path(const char *path, const qf_open_options *opts, qf_file **out, qf_error *err) {
+    clear_err(err);
+    if (!out) return QF_E_FILE_UNREADABLE;
+    *out = NULL;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        qf_set_error(err, QF_E_FILE_UNREADABLE, "cannot read \"%s\": %s", path, strerror(errno));
+        return QF_E_FILE_UNREADABLE;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        qf_set_error(err, QF_E_FILE_UNREADABLE, "\"%s\" is not a regular file", path);
+        return QF_E_FILE_UNREADABLE;
+    }
+    size_t size = (size_t)st.st_size;
+    void *map = NULL;
+    unsigned char *owned = NULL;
+    if (size) {
+        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED) { /* fall back to read() */
+            map = NULL;
+            owned = (unsigned char *)malloc(size);
+            size_t done = 0;
+            while (owned && done < size) {
+                ssize_t n = read(fd, owned + done, size - done);
+                if (n <= 0) { free(owned); owned = NULL; break; }
+                done += (size_t)n;
+            }
+            if (!owned) {
+                close(fd);
+                qf_set_error(err, QF_E_FILE_UNREADABLE, "cannot read \"%s\"", path);
+                return QF_E_FILE_UNREADABLE;
+            }
+        }
+    }
+    close(fd);
+    const void *data = map ? map : owned ? (const void *)owned : (const void *)"";
+    qf_file *f = NULL;
+    qf_status s = open_bytes(data, size, opts, &f, err, 1);
+    if (f) {
+        f->map = map;
+        f->map_len = size;
+        f->owned = owned;
+    } else {
+        if (map) munmap(map, size);
+        free(owned);
+    }
+    if (s && !(f && f->refused && f->opts.keep_refused)) { free_file(f); return s; }
+    *out = f;
+    return s;
+}
+
+size_t qf_tensor_count(const qf_file *f) { return f ? f->nexposed : 0; }
+
+qf_status qf_find_tensor(const qf_file *f, const char *name, size_t name_len, size_t *index, qf_error *err) {
+    clear_err(err);
+    qf_str n = {name, name_len};
+    for (size_t i = 0; i < f->nexposed; i++)
+        if (qf_str_eq(f->exposed[i].name, n)) { *index = i; return QF_OK; }
+    qf_set_error(err, QF_E_TENSOR_NOT_FOUND, "no tensor named \"%.*s\"", (int)(name_len > 100 ? 100 : name_len), name);
+    return QF_E_TENSOR_NOT_FOUND;
+}
+
+static qf_status refusal(const qf_file *f, const qf_exposed *x, qf_error *err) {
+    if (x->logical >= 0) {
+        const qf_logical *L = &f->logical[x->logical];
+        if (L->probs.n) { qf_error_from_prob(err, &L->probs.v[0]); return L->probs.v[0].status; }
+    } else if (f->plain_prob_of[x->entry] >= 0) {
+        const qf_prob *p = &f->plain_probs.v[f->plain_prob_of[x->entry]];
+        qf_error_from_prob(err, p);
+        return p->status;
+    }
+    return QF_OK;
+}
+
+static const char *const LOGICAL_DT[3] = {"float32", "float16", "bfloat16"};
+
+qf_status qf_tensor_info(const qf_file *f, size_t i, struct qf_tensor_info *out, qf_error *err) {
+    clear_err(err);
+    if (!f || i >= f->nexposed) { qf_set_error(err, QF_E_TENSOR_NOT_FOUND, "no tensor %zu", i); return QF_E_TENSOR_NOT_FOUND; }
+    const qf_exposed *x = &f->exposed[i];
+    memset(out, 0, sizeof *out);
+    out->name = x->name.p;
+    out->name_len = x->name.n;
+    if (x->logical >= 0) {
+        out->is_quantized = 1;
+        const qf_desc *d = f->logical[x->logical].desc;
+        if (d) {
+            out->dtype = LOGICAL_DT[d->dtype];
+            out->rank = d->rank;
+            out->numel = 1;
+            for (size_t a = 0; a < d->rank && a < QF_MAX_RANK; a++) out->shape[a] = d->shape[a], out->numel *= d->shape[a];
+            out->nbytes = out->numel * (d->dtype ? 2 : 4);
+            out->element = d->el_type == QF_EL_INT ? "int" : d->el_type == QF_EL_FLOAT ? "float" : "codebook";
+            out->bits = d->bits;
+            out->scheme = d->has_scheme ? d->scheme.p : NULL; /* not NUL-terminated when escaped: see scheme text */
+            out->layout = d->layout == QF_LAYOUT_CANONICAL ? "canonical" : d->layout == QF_LAYOUT_TINYGEMM ? "tinygemm_int4_cuda"
+                        : d->layout == QF_LAYOUT_MARLIN ? "marlin_dense" : "unknown";
+            out->has_zero = d->p[0].present;
+            out->has_scale = d->p[1].present;
+            out->has_bias = d->p[2].present;
+            int e = qf_find_entry(f, d->codes_tensor);
+            out->codes_tensor = e >= 0 ? f->entries[e].name.p : NULL;
+            out->stored_dtype = e >= 0 ? qf_dtypes[f->entries[e].dtype].name : NULL;
+            out->scheme = NULL;
+        }
+    } else {
+        const qf_entry *e = &f->entries[x->entry];
+        const char *dn = qf_dtypes[e->dtype].name;
+        out->stored_dtype = dn;
+        out->nbytes = e->end - e->begin;
+        if (!strncmp(dn, "F6_", 3)) { /* 2.6: raw bytes, 1-D */
+            out->dtype = "U8";
+            out->rank = 1;
+            out->shape[0] = out->nbytes;
+            out->numel = out->nbytes;
+        } else {
+            out->dtype = dn;
+            out->rank = e->rank;
+            out->numel = 1;
+            for (size_t a = 0; a < e->rank; a++) out->shape[a] = e->shape[a], out->numel *= e->shape[a];
+        }
+    }
+    return refusal(f, x, err);
+}
+
+qf_status qf_file_status(const qf_file *f, qf_error *err) {
+    clear_err(err);
+    /* a tensor refused at step 5 decides before claims and names (1.4) */
+    for (size_t i = 0; i < f->nlogical; i++) {
+        const qf_probs *p = &f->logical[i].probs;
+        if (p->n && p->v[0].status != QF_E_COMPONENT_CLAIMED_TWICE && p->v[0].status != QF_E_NAME_CONFLICT) {
+            qf_error_from_prob(err, &p->v[0]);
+            return p->v[0].status;
+        }
+    }
+    for (size_t i = 0; i < f->nlogical; i++) {
+        const qf_probs *p = &f->logical[i].probs;
+        if (p->n) { qf_error_from_prob(err, &p->v[0]); return p->v[0].status; }
+    }
+    if (f->plain_probs.n) { qf_error_from_prob(err, &f->plain_probs.v[0]); return f->plain_probs.v[0].status; }
+    return QF_OK;
+}
+
+/* ---- digests (3.8) ---- */
+static void hex32(const unsigned char d[32], char out[65]) {
+    static const char *h = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) out[2 * i] = h[d[i] >> 4], out[2 * i + 1] = h[d[i] & 15];
+    out[64] = 0;
+}
+
+/* one listed digest: 0 when it matches */
+static int digest_problem(const qf_file *f, qf_str stored, const qj *want, qf_str owner, qf_probs *out) {
+    char field[96];
+    snprintf(field, sizeof field, "digests.tensors[\"%.*s\"]", (int)(stored.n > 60 ? 60 : stored.n), stored.p);
+    int e = qf_find_entry(f, stored);
+    if (e < 0) {
+        qf_probs_add(out, QF_E_DIGEST_MISMATCH, stored, 1, field, "'digests' lists a name that is no stored tensor of the file");
+        return 1;
+    }
+    if (want->s.n != 64) {
+        qf_probs_add(out, QF_E_DIGEST_MISMATCH, owner, 1, field, "expected a sha256 digest of 64 digits, found %zu", want->s.n);
+        return 1;
+    }
+    const qf_entry *en = &f->entries[e];
+    unsigned char d[32];
+    char hex[65];
+    qf_sha256(qf_entry_bytes(f, en), (size_t)(en->end - en->begin), d);
+    hex32(d, hex);
+    if (memcmp(hex, want->s.p, 64) != 0) {
+        qf_probs_add(out, QF_E_DIGEST_MISMATCH, owner, 1, field, "the stored bytes have sha256 %s, the file records another digest", hex);
+        return 1;
+    }
+    return 0;
+}
+
+static int digest_supported(const qf_file *f) { return qf_str_is(qj_get(f->digests, "algorithm")->s, "sha256"); }
+
+static qf_str owner_name(const qf_file *f, qf_str stored) {
+    int e = qf_find_entry(f, stored);
+    if (e >= 0 && f->owner[e] >= 0) return f->logical[f->owner[e]].name;
+    return stored;
+}
+
+/* with verify_digests: the stored tensors an exposed tensor reads, and its own name */
+static qf_status verify_exposed(const qf_file *f, const qf_exposed *x, qf_error *err) {
+    if (!f->opts.verify_digests || !f->digests) return QF_OK;
+    if (!digest_supported(f)) {
+        qf_set_error(err, QF_E_DIGEST_UNSUPPORTED, "field digests.algorithm: the digest algorithm is not one this reader implements (sha256)");
+        return QF_E_DIGEST_UNSUPPORTED;
+    }
+    const qj *ts = qj_get(f->digests, "tensors");
+    qf_probs pr = {0};
+    for (size_t k = 0; k < ts->n && !pr.n; k++) {
+        qf_str s = ts->keys[k];
+        int e = qf_find_entry(f, s);
+        int mine = qf_str_eq(s, x->name) || (e >= 0 && (x->logical >= 0 ? f->owner[e] == x->logical : e == x->entry));
+        if (mine) digest_problem(f, s, ts->items[k], x->name, &pr);
+    }
+    if (pr.n) {
+        qf_error_from_prob(err, &pr.v[0]);
+        qf_status s = pr.v[0].status;
+        qf_probs_free(&pr);
+        return s;
+    }
+    return QF_OK;
+}
+
+/* ---- decoding ---- */
+static qf_status decode_impl(const qf_file *f, size_t i, int whole, uint64_t row0, uint64_t nrows, qf_out_dtype dt, void *dst,
+                             size_t dst_bytes, qf_error *err) {
+    clear_err(err);
+    if (!f || i >= f->nexposed) { qf_set_error(err, QF_E_TENSOR_NOT_FOUND, "no tensor %zu", i); return QF_E_TENSOR_NOT_FOUND; }
+    const qf_exposed *x = &f->exposed[i];
+    if (x->logical < 0) {
+        qf_set_error(err, QF_E_TENSOR_NOT_FOUND, "tensor \"%.*s\" is a plain tensor: read it with qf_plain_bytes", (int)(x->name.n > 100 ? 100 : x->name.n), x->name.p);
+        return QF_E_TENSOR_NOT_FOUND;
+    }
+    qf_status s = refusal(f, x, err);
+    if (s) return s;
+    if ((s = verify_exposed(f, x, err))) return s;
+    const qf_desc *d = f->logical[x->logical].desc;
+    uint64_t rowsize = 1, rows = d->rank ? d->shape[0] : 1;
+    for (size_t a = 1; a < d->rank; a++) rowsize *= d->shape[a];
+    if (whole) { row0 = 0; nrows = rows; }
+    if (row0 > rows || nrows > rows - row0 || (!d->rank && (row0 || nrows != 1))) {
+        qf_set_error(err, QF_E_SLICE_INVALID, "rows [%llu, %llu) are outside the tensor's %llu rows", (unsigned long long)row0,
+                     (unsigned long long)(row0 + nrows), (unsigned long long)rows);
+        return QF_E_SLICE_INVALID;
+    }
+    uint64_t count, need;
+    unsigned osz = dt == QF_OUT_FLOAT32 ? 4 : 2;
+    if (qf_mul_u64(nrows, rowsize, &count) || qf_mul_u64(count, osz, &need) || need > dst_bytes) {
+        qf_set_error(err, QF_E_SLICE_INVALID, "the destination holds %zu bytes, the decoded rows need more", dst_bytes);
+        return QF_E_SLICE_INVALID;
+    }
+    if (count == 0) return QF_OK; /* an empty tensor reads no component value (8.2, 10.6) */
+    float *tmp = dt == QF_OUT_FLOAT32 ? (float *)dst : (float *)malloc((size_t)count * sizeof(float));
+    if (!tmp) { qf_set_error(err, QF_E_SHAPE_UNREPRESENTABLE, "out of memory"); return QF_E_SHAPE_UNREPRESENTABLE; }
+    s = qf_decode_desc(f, d, row0, nrows, tmp, x->name, err);
+    if (!s) {
+        for (uint64_t k = 0; k < count; k++) {
+            float v = qf_round_to(tmp[k], d->dtype); /* 10.3: the logical dtype's value */
+            if (dt == QF_OUT_FLOAT32) ((float *)dst)[k] = v;
+            else {
+                uint16_t h = dt == QF_OUT_FLOAT16 ? qf_f32_to_f16(v) : qf_f32_to_bf16(v);
+                memcpy((unsigned char *)dst + 2 * k, &h, 2);
+            }
+        }
+    }
+    if ((void *)tmp != dst) free(tmp);
+    return s;
+}
+
+qf_status qf_decode(const qf_file *f, size_t i, qf_out_dtype dt, void *dst, size_t dst_bytes, qf_error *err) {
+    return decode_impl(f, i, 1, 0, 0, dt, dst, dst_bytes, err);
+}
+qf_status qf_decode_rows(const qf_file *f, size_t i, uint64_t row0, uint64_t nrows, qf_out_dtype dt, void *dst, size_t dst_bytes, qf_error *err) {
+    return decode_impl(f, i, 0, row0, nrows, dt, dst, dst_bytes, err);
+}
+
+qf_status qf_plain_bytes(const qf_file *f, size_t i, const void **data, size_t *nbytes, qf_error *err) {
+    clear_err(err);
+    if (!f || i >= f->nexposed || f->exposed[i].logical >= 0) {
+        qf_set_error(err, QF_E_TENSOR_NOT_FOUND, "tensor %zu is not a plain tensor", i);
+        return QF_E_TENSOR_NOT_FOUND;
+    }
+    const qf_exposed *x = &f->exposed[i];
+    qf_status s = refusal(f, x, err);
+    if (s) return s;
+    if ((s = verify_exposed(f, x, err))) return s;
+    const qf_entry *e = &f->entries[x->entry];
+    *data = qf_entry_bytes(f, e);
+    *nbytes = (size_t)(e->end - e->begin);
+    return QF_OK;
+}
+
+size_t qf_stored_count(const qf_file *f) { return f ? f->nentries : 0; }
+qf_status qf_stored_info(const qf_file *f, size_t j, const char **name, size_t *name_len, const char **dtype, size_t *rank,
+                         const uint64_t **shape, const void **data, size_t *nbytes) {
+    if (!f || j >= f->nentries) return QF_E_TENSOR_NOT_FOUND;
+    const qf_entry *e = &f->entries[j];
+    if (name) *name = e->name.p;
+    if (name_len) *name_len = e->name.n;
+    if (dtype) *dtype = qf_dtypes[e->dtype].name;
+    if (rank) *rank = e->rank;
+    if (shape) *shape = e->shape;
+    if (data) *data = qf_entry_bytes(f, e);
+    if (nbytes) *nbytes = (size_t)(e->end - e->begin);
+    return QF_OK;
+}
+
+const char *qf_metadata(const qf_file *f, const char *key, size_t *len) {
+    const qj *v = f ? qj_get(f->metadata, key) : NULL;
+    if (!v) return NULL;
+    if (len) *len = v->s.n;
+    return v->s.p;
+}
+
+/* ---- the checker ---- */
+static int emit(qf_problem_cb cb, void *user, const qf_prob *p, qf_status *first) {
+    if (!*first) *first = p->status;
+    if (!cb) return 0;
+    qf_problem q = {p->status, qf_status_code(p->status), p->tensor, p->field, p->message};
+    return cb(user, &q);
+}
+
+static qf_status check_file(const qf_file *f, unsigned flags, qf_problem_cb cb, void *user, qf_error *err) {
+    qf_status first = QF_OK;
+    if (flags & QF_CHECK_STRICT)
+        for (size_t i = 0; i < f->lenient.n; i++)
+            if (emit(cb, user, &f->lenient.v[i], &first)) goto done;
+    for (size_t i = 0; i < f->nlogical; i++)
+        for (size_t k = 0; k < f->logical[i].probs.n; k++)
+            if (emit(cb, user, &f->logical[i].probs.v[k], &first)) goto done;
+    for (size_t i = 0; i < f->plain_probs.n; i++)
+        if (emit(cb, user, &f->plain_probs.v[i], &first)) goto done;
+    for (size_t i = 0; i < f->nlogical; i++) {
+        const qf_logical *L = &f->logical[i];
+        if (!L->desc || L->probs.n) continue;
+        qf_probs pr = {0};
+        qf_check_payload(f, L->desc, L->name, "", 0, &pr);
+        int stop = 0;
+        for (size_t k = 0; k < pr.n && !stop; k++) stop = emit(cb, user, &pr.v[k], &first);
+        qf_probs_free(&pr);
+        if (stop) goto done;
+    }
+    if ((flags & QF_CHECK_DIGESTS) && f->digests) {
+        qf_probs pr = {0};
+        if (!digest_supported(f))
+            qf_probs_add(&pr, QF_E_DIGEST_UNSUPPORTED, (qf_str){0, 0}, 0, "digests.algorithm", "the digest algorithm is not one this reader implements (sha256); the digests cannot be verified");
+        else {
+            const qj *ts = qj_get(f->digests, "tensors");
+            for (size_t k = 0; k < ts->n; k++) digest_problem(f, ts->keys[k], ts->items[k], owner_name(f, ts->keys[k]), &pr);
+        }
+        int stop = 0;
+        for (size_t k = 0; k < pr.n && !stop; k++) stop = emit(cb, user, &pr.v[k], &first);
+        qf_probs_free(&pr);
+    }
+done:
+    if (first) qf_set_error(err, first, "the file has problems; the first is %s", qf_status_code(first));
+    return first;
+}
+
+qf_status qf_check(const qf_file *f, unsigned flags, qf_problem_cb cb, void *user, qf_error *err) {
+    clear_err(err);
+    return check_file(f, flags, cb, user, err);
+}
+
+qf_status qf_check_memory(const void *data, size_t size, unsigned flags, qf_problem_cb cb, void *user, qf_error *err) {
+    clear_err(err);
+    qf_file *f = NULL;
+    qf_error e;
+    qf_status s = open_bytes(size ? data : "", size, NULL, &f, &e, 1);
+    if (s) {
+        qf_status first = QF_OK;
+        if (f && (flags & QF_CHECK_STRICT))
+            for (size_t i = 0; i < f->lenient.n; i++) emit(cb, user, &f->lenient.v[i], &first);
+        qf_prob p;
+        memset(&p, 0, sizeof p);
+        p.status = s;
+        snprintf(p.message, sizeof p.message, "%.390s", e.message);
+        emit(cb, user, &p, &first);
+        free_file(f);
+        if (err) {
+            if (first == s) *err = e;
+            else qf_set_error(err, first, "the file has problems; the first is %s", qf_status_code(first));
+        }
+        return first;
+    }
+    s = check_file(f, flags, cb, user, err);
+    free_file(f);
+    return s;
+}

@@ -1,0 +1,214 @@
+// A second decode path: libqformat (the C library in libqformat/) built as WebAssembly
+// (readers/js/wasm/qformat.wasm, by libqformat/scripts/build_wasm.py), so that the JavaScript
+// reader and native runtimes decode through the same C.  It is off by default for now: the
+// library's decoder is still the straightforward one, slower than decode.js's table-driven rows
+// (measured in libqformat/README.md), and defaults must be the fast path.  useWasm(true) (Node:
+// QFORMAT_JS_WASM=1; the viewer: ?decoder=wasm) switches it on.  The JavaScript decoder stays the
+// fallback and the reference this path is tested against: where the module is not loaded
+// (initWasm was not called, or the runtime cannot compile it), where the path is off, or for what
+// it does not take (a box that is not whole rows, a file of a newer minor version), read()
+// decodes in JavaScript.  Both give the same bits (NaN by class).
+//
+// One logical tensor at a time: its descriptor and the stored tensors it references are written
+// into the module's memory as a small safetensors file of their own (a qformat object holding
+// that one descriptor), which the C library opens and decodes as it would any file.  The
+// JavaScript side has already checked the file and the tensor; what the C side can still refuse
+// are the decode-time rules of SPEC.md §10.6, which come back as the same QFormatError codes.
+
+import { error } from "./errors.js";
+import { references } from "./descriptor.js";
+
+const OUT_KIND = { float32: 0, float16: 1, bfloat16: 2 };
+/** Files of these minor versions take the path (a newer minor's leniency is the JavaScript reader's to apply). */
+const MAX_MINOR = 2;
+/** The module's memory is 32-bit: a tensor whose stored bytes and output pass this decodes in JavaScript. */
+const MAX_BYTES = 2 ** 31;
+
+/** @type {{exports: any, memory: WebAssembly.Memory} | null} */
+let mod = null;
+let enabled = false;
+/** Tensors the module has decoded (wasmInfo().decodes): the tests' proof that the path ran. */
+let decodes = 0;
+/** @type {string|null} */
+let failure = null;
+
+/** The three WASI imports wasi-libc keeps in a reactor module: no environment, no exit. */
+const WASI = {
+  wasi_snapshot_preview1: {
+    environ_get: () => 0,
+    environ_sizes_get: (/** @type {number} */ countPtr, /** @type {number} */ sizePtr) => {
+      const v = new DataView(/** @type {any} */ (mod).memory.buffer);
+      v.setUint32(countPtr, 0, true);
+      v.setUint32(sizePtr, 0, true);
+      return 0;
+    },
+    proc_exit: (/** @type {number} */ code) => {
+      throw new Error(`libqformat called exit(${code})`);
+    },
+  },
+};
+
+/**
+ * Load the module from its bytes (or a compiled WebAssembly.Module), synchronously: Node and
+ * workers allow any size; on a browser's main thread use initWasmAsync.  A module that does not
+ * compile (a runtime without SIMD128, say) leaves the JavaScript path, and wasmInfo() says why.
+ * @param {BufferSource|WebAssembly.Module} source @returns {boolean} whether the path is ready
+ */
+export function initWasm(source) {
+  try {
+    const m = source instanceof WebAssembly.Module ? source : new WebAssembly.Module(source);
+    return ready(new WebAssembly.Instance(m, WASI));
+  } catch (e) {
+    failure = String(/** @type {Error} */ (e).message ?? e);
+    mod = null;
+    return false;
+  }
+}
+
+/** initWasm for a browser: from a Response (fetch) or bytes. @param {Response|BufferSource|PromiseLike<Response>} source */
+export async function initWasmAsync(source) {
+  try {
+    const src = await source;
+    // (the bytes, not instantiateStreaming: a server that labels the file other than
+    // application/wasm would make that refuse it, and the module is small)
+    const bytes = typeof Response !== "undefined" && src instanceof Response ? await src.arrayBuffer() : src;
+    const { instance } = await WebAssembly.instantiate(/** @type {BufferSource} */ (bytes), WASI);
+    return ready(instance);
+  } catch (e) {
+    failure = String(/** @type {Error} */ (e).message ?? e);
+    mod = null;
+    return false;
+  }
+}
+
+/** @param {WebAssembly.Instance} instance */
+function ready(instance) {
+  const x = /** @type {any} */ (instance.exports);
+  mod = { exports: x, memory: x.memory };
+  x._initialize?.();
+  failure = null;
+  return true;
+}
+
+/** Switch the path on or off (off by default); returns the previous setting. @param {boolean} on */
+export function useWasm(on) {
+  const was = enabled;
+  enabled = Boolean(on);
+  return was;
+}
+
+/** Which path decodes ({path: "wasm"|"js", reason}), whether the module is loaded, and how many tensors it has decoded. */
+export function wasmInfo() {
+  const loaded = mod !== null;
+  if (!loaded) return { path: "js", reason: failure ?? "the WebAssembly module is not loaded (initWasm)", loaded, decodes };
+  if (!enabled) return { path: "js", reason: "off (useWasm(true) switches it on)", loaded, decodes };
+  return { path: "wasm", reason: null, loaded, decodes };
+}
+
+/**
+ * JSON text of a parsed qformat value (Maps in member order; BigInt integers exact; -0 kept as a
+ * float, whose sign a constant parameter's arithmetic can see).
+ * @param {any} v @returns {string}
+ */
+function json(v) {
+  if (v instanceof Map) {
+    let s = "{";
+    let first = true;
+    for (const [k, x] of v) {
+      s += (first ? "" : ",") + JSON.stringify(k) + ":" + json(x);
+      first = false;
+    }
+    return s + "}";
+  }
+  if (Array.isArray(v)) {
+    let s = "[";
+    for (let i = 0; i < v.length; i++) s += (i ? "," : "") + json(v[i]);
+    return s + "]";
+  }
+  if (typeof v === "bigint") return v.toString();
+  if (typeof v === "number") return Object.is(v, -0) ? "-0.0" : JSON.stringify(v);
+  return JSON.stringify(v);
+}
+
+/**
+ * A logical tensor's values through the module, or null where this path does not take it.
+ * `file` is a QFile (index.js) whose checks the tensor has passed.
+ * @param {any} file @param {string} name @param {import("./descriptor.js").Descriptor} desc
+ * @param {[number, number][]|null} box @param {(n: number) => Float32Array|Uint16Array} alloc
+ * @returns {Float32Array|Uint16Array|null}
+ */
+export function wasmDecode(file, name, desc, box, alloc) {
+  if (mod === null || !enabled) return null;
+  const version = file.model.version;
+  if (typeof version !== "string" || Number(version.split(".")[1]) > MAX_MINOR) return null;
+  const shape = desc.shape;
+  let row0 = 0;
+  let nrows = shape.length ? shape[0] : 1;
+  if (box !== null) {
+    if (!shape.length || box.slice(1).some(([lo, hi], a) => lo !== 0 || hi !== shape[a + 1])) return null;
+    [row0, nrows] = [box[0][0], box[0][1] - box[0][0]];
+  }
+  let count = nrows;
+  for (let a = 1; a < shape.length; a++) count *= shape[a];
+  const outBytes = count * (desc.dtype === "float32" ? 4 : 2);
+  const out = alloc(count);
+  if (count === 0) return out;
+
+  // the stored tensors it references, each once, laid end to end
+  const names = [...new Set(references(desc).map(([, n]) => n))];
+  const entries = [];
+  let dataBytes = 0;
+  for (const n of names) {
+    const e = file.store.entry(n);
+    const len = Number(e.end - e.begin);
+    entries.push([n, e, dataBytes, len]);
+    dataBytes += len;
+  }
+  if (dataBytes + outBytes >= MAX_BYTES) return null;
+  const qf = `{"version":${JSON.stringify(version)},"tensors":{${JSON.stringify(name)}:${json(file.model.raw.get(name))}}}`;
+  let head = `{"__metadata__":{"qformat":${JSON.stringify(qf)}}`;
+  for (const [n, e, at, len] of entries) {
+    head += `,${JSON.stringify(n)}:{"dtype":${JSON.stringify(e.dtype)},"shape":[${e.shape.join(",")}],"data_offsets":[${at},${at + len}]}`;
+  }
+  head += "}";
+  const hb = new TextEncoder().encode(head);
+  const hlen = Math.ceil(hb.length / 8) * 8;
+  const fileBytes = 8 + hlen + dataBytes;
+
+  const x = mod.exports;
+  const errSize = x.qfw_error_size();
+  const buf = x.qfw_malloc(fileBytes);
+  const dst = x.qfw_malloc(outBytes);
+  const err = x.qfw_malloc(errSize);
+  let f = 0;
+  try {
+    if (!buf || !dst || !err) return null;  // the module's memory could not grow: decode in JavaScript
+    let mem = new Uint8Array(mod.memory.buffer);
+    new DataView(mod.memory.buffer).setBigUint64(buf, BigInt(hlen), true);
+    mem.set(hb, buf + 8);
+    mem.fill(0x20, buf + 8 + hb.length, buf + 8 + hlen);
+    for (const [n, , at, len] of entries) if (len) mem.set(file.store.bytes(n), buf + 8 + hlen + at);
+    f = x.qfw_open(buf, fileBytes, err);
+    let status = f ? x.qfw_decode_rows(f, 0, row0, nrows, OUT_KIND[/** @type {"float32"} */ (desc.dtype)], dst, outBytes, err) : -1;
+    if (status !== 0) {
+      mem = new Uint8Array(mod.memory.buffer);
+      const text = (/** @type {number} */ at, /** @type {number} */ max) => {
+        let end = at;
+        while (end < at + max && mem[end] !== 0) end++;
+        return new TextDecoder().decode(mem.subarray(at, end));
+      };
+      const code = text(err, 40);
+      if (!code) throw new Error(`libqformat returned status ${status} without an error code for ${JSON.stringify(name)}`);
+      throw error(code, text(err + 40, errSize - 40), name);
+    }
+    const src = desc.dtype === "float32" ? new Float32Array(mod.memory.buffer, dst, count) : new Uint16Array(mod.memory.buffer, dst, count);
+    out.set(src);
+    decodes++;
+    return out;
+  } finally {
+    if (f) x.qfw_close(f);
+    x.qfw_free(err);
+    x.qfw_free(dst);
+    x.qfw_free(buf);
+  }
+}
