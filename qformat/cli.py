@@ -133,6 +133,12 @@ def _parser() -> argparse.ArgumentParser:
     rd = csub.add_parser("read", help="the reference reader in the command protocol: decode INPUT, write OUTPUT")
     rd.add_argument("input", metavar="INPUT")
     rd.add_argument("output", metavar="OUTPUT")
+    sv = sub.add_parser("serve", help="serve a folder over HTTP with byte ranges, validators and CORS (for remote "
+                        "commands and the viewer page; python -m http.server ignores ranges)")
+    sv.add_argument("dir", metavar="DIR", help="the folder to serve (files under it only; links out of it are not followed)")
+    sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: %(default)s, this machine only)")
+    sv.add_argument("--port", type=int, default=8000, help="the port (default: %(default)s; 0 picks a free one)")
+    sv.add_argument("--quiet", action="store_true", help="no line per request")
     for sp in (c, cv, q, mg, dq, ex, ins, df, r, rd):
         _remote_options(sp)
     return p
@@ -579,6 +585,32 @@ def _remote_note(before: tuple[int, int]) -> None:
         print(f"qformat: fetched {nbytes:,} bytes in {requests} HTTP request(s)", file=sys.stderr)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """``qformat serve DIR``: until interrupted (exit 0 on Ctrl-C); 2 when DIR is not a folder
+    or the address cannot be bound."""
+    import os
+
+    from .serve import make_server
+
+    if not os.path.isdir(args.dir):
+        print(f"qformat serve: {args.dir!r} is not a folder", file=sys.stderr)
+        return 2
+    try:
+        server = make_server(args.dir, args.host, args.port, quiet=args.quiet)
+    except OSError as e:
+        print(f"qformat serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    host, port = server.server_address[:2]
+    print(f"qformat serve: {os.path.realpath(args.dir)} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 #: Commands whose work is a written checkpoint: done before their report is printed.
 _WRITERS = ("convert", "quantize", "dequantize", "export", "merge")
 
@@ -615,6 +647,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         except Exception as e:  # never a traceback
             print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
             return 3
+    if args.command == "serve":
+        return _serve(args)
     if args.command == "convert":
         return _convert(args)
     if args.command == "inspect":

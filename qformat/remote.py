@@ -423,7 +423,8 @@ class HttpRangeReader:
         status = r.status_code
         if status == 200:
             raise error("REMOTE_RANGE_IGNORED", f"{self.shown}: the server answered a range request for bytes {start}-{stop - 1} with the "
-                                                "whole file (status 200, no range support); remote files are read only by ranges")
+                                                "whole file (status 200, no range support); remote files are read only by ranges (a folder served "
+                                                "with `qformat serve DIR` answers them; python -m http.server does not)")
         first = self.size is None
         if first and status == 416:  # the first request starts past the end: an empty file
             m = _UNSATISFIED.fullmatch(r.headers.get("Content-Range", "").strip())

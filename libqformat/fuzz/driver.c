@@ -687,11 +687,15 @@ int main(int argc, char **argv)
             print_every = strtoll(v, NULL, 10);
         else if (argv[i][0] == '-') {
             fprintf(stderr, "qformat-fuzz: unknown flag %s (see the comment at the top of fuzz/driver.c)\n", argv[i]);
+            free(dirs);
+            free(files);
             return 2;
         } else {
             struct stat st;
             if (stat(argv[i], &st) != 0) {
                 fprintf(stderr, "qformat-fuzz: cannot stat %s: %s\n", argv[i], strerror(errno));
+                free(dirs);
+                free(files);
                 return 2;
             }
             if (S_ISDIR(st.st_mode))

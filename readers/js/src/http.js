@@ -306,7 +306,7 @@ export async function urlSource(url, opts = {}) {
           // a changed file is the more useful report where the 200 shows one
           if (res.headers.get("etag") !== seen.etag || res.headers.get("last-modified") !== seen.lastModified) checkSame(res, /** @type {number} */ (seen.size));
           discard(res);
-          throw error("REMOTE_RANGE_IGNORED", `${shown} answered 200 (the whole file) to a range request: the server does not serve ranges`);
+          throw error("REMOTE_RANGE_IGNORED", `${shown} answered 200 (the whole file) to a range request: the server does not serve ranges (a folder served with \"qformat serve DIR\" does; python -m http.server does not)`);
         }
         if (res.status !== 206) {
           discard(res);
@@ -345,7 +345,7 @@ export async function urlSource(url, opts = {}) {
       Object.assign(seen, { etag: res.headers.get("etag"), lastModified: res.headers.get("last-modified"), size: 0 });
     } else if (res.status === 200) {
       discard(res);
-      throw error("REMOTE_RANGE_IGNORED", `${shown} answered 200 (the whole file) to a range request: the server does not serve ranges`);
+      throw error("REMOTE_RANGE_IGNORED", `${shown} answered 200 (the whole file) to a range request: the server does not serve ranges (a folder served with \"qformat serve DIR\" does; python -m http.server does not)`);
     } else if (res.status !== 206) {
       discard(res);
       throw error("REMOTE_HTTP_ERROR", `${shown}: HTTP ${res.status}`);
