@@ -59,6 +59,11 @@ class FileReport:
     quantized: int = 0
     plain: int = 0
     problems: list[Problem] = field(default_factory=list)
+    #: stored tensors in the file (components and plain tensors)
+    stored: int = 0
+    #: with ``digests``: the stored tensors whose recorded digest was computed and matched (None:
+    #: digests were not asked for, or the file could not be read that far)
+    digests_verified: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -66,6 +71,7 @@ class FileReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": shown(self.path), "ok": self.ok, "quantized_tensors": self.quantized, "plain_tensors": self.plain,
+                "stored_tensors": self.stored, "digests_verified": self.digests_verified,
                 "problems": [p.to_dict() for p in self.problems]}
 
 
@@ -84,8 +90,14 @@ class Report:
     def unreadable(self) -> bool:
         return any(p.code in ("FILE_UNREADABLE", "NOT_SAFETENSORS") for p in self.problems)
 
+    @property
+    def digests_verified(self) -> int | None:
+        """Digests verified in all files (None when no file's digests were verified)."""
+        counts = [f.digests_verified for f in self.files if f.digests_verified is not None]
+        return sum(counts) if counts else None
+
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "files": [f.to_dict() for f in self.files],
+        return {"ok": self.ok, "files": [f.to_dict() for f in self.files], "digests_verified": self.digests_verified,
                 "problems": [p.to_dict() for p in self.problems]}
 
 
@@ -474,6 +486,7 @@ def check_file(path: str, payload: bool = True, digests: bool | None = None, str
     model = interpret(header, src)
     rep.plain = len(model.plain)
     rep.quantized = len(model.raw)
+    rep.stored = len(header.entries)
     for e in model.problems():
         rep.problems.append(_problem(e, path))
     if payload and not model.file_problems:
@@ -484,8 +497,15 @@ def check_file(path: str, payload: bool = True, digests: bool | None = None, str
             except QFormatError as e:
                 rep.problems.append(_problem(e, path))
     if digests and not model.file_problems:
-        for e in digest_problems(path, header, model):
+        found = digest_problems(path, header, model)
+        for e in found:
             rep.problems.append(_problem(e, path))
+        listed = model.digests["tensors"] if model.digests else {}
+        if any(e.code == "DIGEST_UNSUPPORTED" for e in found):
+            rep.digests_verified = 0
+        else:  # a mismatch names its stored tensor in the field: digests.tensors['NAME']
+            bad = {e.field for e in found if e.code == "DIGEST_MISMATCH"}
+            rep.digests_verified = sum(1 for n in listed if f"digests.tensors[{n!r}]" not in bad)
     return rep
 
 

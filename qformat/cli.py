@@ -209,6 +209,9 @@ def _print_text(report: Report) -> None:
     for f in report.files:
         if f.ok:
             what = f"{f.quantized} quantized and {f.plain} plain tensors" if f.quantized else f"no quantized tensors, {f.plain} plain tensors"
+            if f.digests_verified is not None:
+                what += (f"; digests of {f.digests_verified} of {f.stored} stored tensors verified" if f.digests_verified
+                         else "; no digests recorded")
             print(f"{shown(f.path)}: OK ({what})")
         else:
             print(f"{shown(f.path)}: {len(f.problems)} problem(s)")
@@ -221,6 +224,9 @@ def _print_text(report: Report) -> None:
         if id(p) not in listed:
             where = f" {p.tensor}" if p.tensor else ""
             print(f"{p.file if p.file is None else shown(p.file)}: {p.code}{where}: {p.message}")
+    if report.digests_verified is not None and len(report.files) > 1:
+        stored = sum(f.stored for f in report.files)
+        print(f"digests: {report.digests_verified} of {stored} stored tensors verified in {len(report.files)} files")
 
 
 def _convert(args: argparse.Namespace) -> int:

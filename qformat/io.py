@@ -18,7 +18,7 @@ from .decode import decode
 from .descriptor import Descriptor, parse_descriptor
 from .errors import error, raise_first
 from .index import is_index
-from .model import METADATA_KEY, FileModel, interpret, required_version
+from .model import METADATA_KEY, FileModel, interpret, qformat_json
 from .qtensor import QTensor
 from .regions import Region
 from .remote_slicing import remote_plain, remote_region, remote_slice
@@ -536,7 +536,7 @@ def prepare(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = Non
         if name in arrays and owner.get(name) != name:
             raise error("SAVE_INVALID", f"logical name {name!r} collides with a stored tensor", tensor=name)
     if descs:
-        meta[METADATA_KEY] = json.dumps({"version": required_version(descs), "tensors": descs}, separators=(",", ":"), sort_keys=True)
+        meta[METADATA_KEY] = qformat_json(descs)
     return arrays, meta
 
 

@@ -9,9 +9,10 @@ the rest of the file still reads.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from . import layouts, structure, tables
 from .container import Header, _Dup, strict_json
@@ -51,6 +52,17 @@ def required_version(descriptors: Any) -> str:
     """The version a writer records for these descriptors (dicts or Descriptors): the lowest one
     whose features they use (SPEC.md §17.1), ``"1.0"`` unless a 1.1 feature appears."""
     return layouts.required_version(descriptors.values() if isinstance(descriptors, dict) else descriptors)
+
+
+def qformat_json(descriptors: Mapping[str, Any], shard: bool = False) -> str | None:
+    """The ``__metadata__["qformat"]`` value a writer records for ``descriptors`` (name ->
+    descriptor dict): the lowest version whose features they use (SPEC.md §17.1), keys sorted,
+    no spaces.  None when there are no descriptors, unless ``shard``: a checkpoint's file of plain
+    tensors only still gets a qformat object (``"tensors": {}``), so that the digests its writer
+    adds (SPEC.md §3.8) protect its bytes as they protect the quantized shards'."""
+    if not descriptors and not shard:
+        return None
+    return json.dumps({"version": required_version(dict(descriptors)), "tensors": dict(descriptors)}, separators=(",", ":"), sort_keys=True)
 
 
 def parse_version(v: Any) -> tuple[int, int] | QFormatError:

@@ -255,3 +255,46 @@ def test_a_tensor_named_like_a_digest_does_not_confuse_the_writer(tmp_path: Path
     assert qformat.check(p, digests=True).ok
     q = _qobj(p)
     assert all(q["digests"]["tensors"][n] == hashlib.sha256(v.tobytes()).hexdigest() for n, v in names.items())
+
+
+def test_every_shard_a_checkpoint_writer_writes_records_digests(tmp_path: Path) -> None:
+    """quantize's plain shards (here: a shard of only unquantized tensors) and every shard of
+    dequantize record a digest of every stored tensor (issue 44: a 46.9 MB embedding in a plain
+    shard was unprotected), and check --digests says how many it verified, per file and in all."""
+    import json
+    import subprocess
+    import sys
+
+    from safetensors.numpy import save_file as st_save
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    st_save({"norm.weight": rng.standard_normal(64).astype(np.float32)}, str(src / "model-00001-of-00002.safetensors"))
+    st_save({"layer.weight": rng.standard_normal((64, 64)).astype(np.float32), "layer.bias": np.zeros(64, np.float32)},
+            str(src / "model-00002-of-00002.safetensors"))
+    (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+        "norm.weight": "model-00001-of-00002.safetensors", "layer.weight": "model-00002-of-00002.safetensors",
+        "layer.bias": "model-00002-of-00002.safetensors"}}))
+    q = tmp_path / "q"
+    qformat.quantize_checkpoint(src, q, "int", bits=4, group_size=32)  # a 1-D norm stays plain: a shard of plain tensors only
+    d = tmp_path / "d"
+    qformat.dequantize_checkpoint(q, d)
+    for folder in (q, d):
+        for f in sorted(folder.glob("*.safetensors")):
+            h = read_header(f)
+            obj = json.loads(h.metadata["qformat"])
+            assert obj["version"] == "1.2" and sorted(obj["digests"]["tensors"]) == sorted(h.entries), (f, obj)
+        rep = qformat.check(folder, digests=True)
+        assert rep.ok and rep.digests_verified == sum(len(read_header(f).entries) for f in folder.glob("*.safetensors"))
+        p = subprocess.run([sys.executable, "-m", "qformat", "check", "--digests", str(folder)], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "digests of 1 of 1 stored tensors verified" in p.stdout, p.stdout  # the norm's shard
+        assert f"digests: {rep.digests_verified} of {rep.digests_verified} stored tensors verified in 2 files" in p.stdout
+    # a damaged byte in the plain shard is found
+    shard = q / "model-00001-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    rep = qformat.check(q, digests=True)
+    assert [p.code for p in rep.problems] == ["DIGEST_MISMATCH"] and rep.files[0].digests_verified == 0

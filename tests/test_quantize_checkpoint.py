@@ -275,7 +275,10 @@ def test_single_file_in_single_file_out(tmp_path):
     assert d and all(x["dtype"] == "bfloat16" for x in d.values())
     qformat.dequantize_checkpoint(tmp_path / "q.safetensors", tmp_path / "p.safetensors", dtype="float32")
     h = read_header(tmp_path / "p.safetensors")
-    assert "qformat" not in (h.metadata or {}) and h.entries["model.layers.0.mlp.up_proj.weight"].dtype == "F32"
+    # no logical tensor left; the qformat object carries only the digests of every stored tensor
+    obj = json.loads(h.metadata["qformat"])
+    assert obj["tensors"] == {} and sorted(obj["digests"]["tensors"]) == sorted(h.entries)
+    assert h.entries["model.layers.0.mlp.up_proj.weight"].dtype == "F32"
     assert h.entries["model.norm.weight"].dtype == "F16"  # plain tensors are copied as they are
 
 

@@ -162,14 +162,15 @@ def config_bytes(config: Any, quantization_config: dict[str, Any] | None) -> byt
     return (json.dumps(cfg, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def file_metadata(base: dict[str, str] | None, descriptors: dict[str, Any]) -> dict[str, str] | None:
-    """A file's ``__metadata__``: the source's members without qformat's, plus the descriptors."""
-    from ..model import required_version
+def file_metadata(base: dict[str, str] | None, descriptors: dict[str, Any]) -> dict[str, str]:
+    """A checkpoint file's ``__metadata__``: the source's members without qformat's, plus a qformat
+    object with the descriptors, which every file gets (one of plain tensors only an empty one),
+    so that its writer records a digest of every stored tensor (SPEC.md §3.8)."""
+    from ..model import qformat_json
 
     meta = {k: v for k, v in (base or {}).items() if k != METADATA_KEY}
-    if descriptors:
-        meta[METADATA_KEY] = json.dumps({"version": required_version(descriptors), "tensors": descriptors}, separators=(",", ":"), sort_keys=True)
-    return meta or None
+    meta[METADATA_KEY] = qformat_json(descriptors, shard=True)  # type: ignore[assignment]
+    return meta
 
 
 def index_spec(ck: Any, resharded: bool) -> IndexSpec | None:

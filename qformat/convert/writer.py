@@ -27,7 +27,7 @@ from ..check import check_file
 from ..descriptor import parse_descriptor
 from ..validate import validate_descriptor
 from ..errors import QFormatError, error
-from ..model import required_version
+from ..model import qformat_json, required_version
 from ..model import METADATA_KEY
 from ..pipeline import Identity, Item, Plan, Transform, plan as plan_outputs, run, transform_all
 from ..sources import TensorInfo
@@ -167,9 +167,7 @@ def _metadata(ck: Checkpoint, file: str, described: Described, descs: dict[str, 
         meta.update(ck.metadata(file))
     meta.pop(METADATA_KEY, None)
     meta.update(described.metadata)
-    if descs:
-        # The lowest version whose features the file uses (SPEC.md §17.1): "1.0" unless a 1.1 layout.
-        meta[METADATA_KEY] = json.dumps({"version": required_version(descs), "tensors": descs}, separators=(",", ":"), sort_keys=True)
+    meta[METADATA_KEY] = qformat_json(descs, shard=True)  # a plain shard too: its digests (SPEC.md §3.8)
     return meta
 
 
