@@ -20,12 +20,26 @@ if [ ! -f "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet "$@" >>"$LOG" 2>&1 || { cat "$LOG" >&2; echo "[setup] failed; log: $LOG" >&2; exit 1; }
   }
   echo "[setup] installing qformat and its test oracles into $VENV (a few minutes; log: $LOG)" >&2
+  T0=$SECONDS
   step "pip" --upgrade pip
-  step "torch 2.13.0 (CPU build)" "torch==2.13.0"
+  # torch 2.13.0: from QFORMAT_TORCH_INDEX when set (https://download.pytorch.org/whl/cpu gives the
+  # CPU build anywhere), else from pip's own sources (PyPI's torch is a CUDA build of several GB
+  # unless pip is pointed at a CPU wheel, as on this project's build machines); what was installed
+  # is read back and said, not assumed.
+  if [ -n "${QFORMAT_TORCH_INDEX:-}" ]; then
+    step "torch 2.13.0 from $QFORMAT_TORCH_INDEX" "torch==2.13.0" --index-url "$QFORMAT_TORCH_INDEX" --extra-index-url https://pypi.org/simple
+  else
+    step "torch 2.13.0" "torch==2.13.0"
+  fi
+  TORCH_BUILD="$("$VENV/bin/python" -c 'import torch; c = torch.version.cuda; print(f"torch {torch.__version__}: " + (f"a CUDA {c} build" if c else "the CPU build"))' 2>>"$LOG" || echo "torch did not import")"
+  echo "[setup] installed $TORCH_BUILD" >&2
+  case "$TORCH_BUILD" in
+    *CUDA*) command -v nvidia-smi >/dev/null || echo "[setup] this machine has no NVIDIA GPU: QFORMAT_TORCH_INDEX=https://download.pytorch.org/whl/cpu (then rm -rf $VENV and run again) installs the CPU build, several GB smaller" >&2 ;;
+  esac
   step "qformat (editable) with extras test, torch, jax, transformers, oracles, demo, plot" -e "$ROOT[test,torch,jax,transformers,oracles,demo,plot]"
   rm -f "$VENV"/.qformat-installed-*
   touch "$STAMP"
-  echo "[setup] done" >&2
+  echo "[setup] done in $((SECONDS - T0)) s: $VENV holds $(du -sh "$VENV" 2>/dev/null | cut -f1) ($TORCH_BUILD)" >&2
 fi
 # The native kernels (qformat/kernels/_native.c: decode, _matmul.c: matmul, _ggml.c: GGUF quantizers; optional extensions
 # that pip's editable install builds in place): rebuilt here when a source or setup.py is newer
