@@ -67,12 +67,18 @@ done
 # to .tools/node, not into the JavaScript reader, which has no dependencies.  Without npm or
 # chromium those tests skip and say why.
 PW_VERSION=1.65.2
-if command -v npm >/dev/null && [ ! -f "$ROOT/.tools/node/node_modules/playwright-core/.v$PW_VERSION" ]; then
+# A failed install is not retried on every run (it cost about 70 s each): .tools/npm-failed-vX
+# remembers it for a day; its log is kept (npm's own error output, not --silent).
+PW_FAILED="$ROOT/.tools/npm-failed-v$PW_VERSION"
+if command -v npm >/dev/null && [ ! -f "$ROOT/.tools/node/node_modules/playwright-core/.v$PW_VERSION" ] \
+   && ! { [ -f "$PW_FAILED" ] && [ -z "$(find "$PW_FAILED" -mmin +1440 2>/dev/null)" ]; }; then
   echo "[setup] playwright-core $PW_VERSION (npm) for the browser tests" >&2
-  if npm install --no-save --no-audit --no-fund --silent --prefix "$ROOT/.tools/node" "playwright-core@$PW_VERSION" >"$ROOT/.tools-npm.log" 2>&1; then
-    touch "$ROOT/.tools/node/node_modules/playwright-core/.v$PW_VERSION"; rm -f "$ROOT/.tools-npm.log"
+  mkdir -p "$ROOT/.tools"
+  if npm install --no-save --no-audit --no-fund --loglevel=error --prefix "$ROOT/.tools/node" "playwright-core@$PW_VERSION" >"$ROOT/.tools-npm.log" 2>&1; then
+    touch "$ROOT/.tools/node/node_modules/playwright-core/.v$PW_VERSION"; rm -f "$ROOT/.tools-npm.log" "$PW_FAILED"
   else
-    echo "[setup] npm could not install playwright-core (log: $ROOT/.tools-npm.log); the browser tests will skip" >&2
+    touch "$PW_FAILED"
+    echo "[setup] npm could not install playwright-core (log: $ROOT/.tools-npm.log; retried after a day, or at once after rm $PW_FAILED); the browser tests will skip" >&2
   fi
 fi
 export PATH="$VENV/bin:$PATH"
