@@ -48,6 +48,7 @@ class Faults:
     redirect_from: str | None = None  # ... only for paths under this prefix (then cut from the path), else every path
     huge_length: bool = False  # claim a 1 PiB Content-Length (and Content-Range) on every answer
     status: int | None = None  # answer every GET/HEAD with this status (e.g. 403), no body
+    no_cors: bool = False  # send no CORS headers: a browser page on another origin cannot read the answers
     many_headers: int = 0  # add this many junk header lines to every answer (clients cap the count)
     drip_bytes_per_s: float | None = None  # send bodies in drip_piece-byte pieces at about this rate (a slow drip)
     drip_piece: int = 256  # the drip's piece size (1: a byte at a time)
@@ -157,6 +158,8 @@ def _make_handler(folder: Path, live: Faults, log: ServerLog, counter: list[int]
 
         # -- helpers --------------------------------------------------------------------
         def _cors(self) -> None:
+            if self.fx.no_cors:
+                return
             self.send_header("Access-Control-Allow-Origin", "*")
             self.send_header(
                 "Access-Control-Expose-Headers", "Content-Range, Content-Length, ETag, Last-Modified, Accept-Ranges"

@@ -67,11 +67,12 @@ def test_web_page_end_to_end(tmp_path: Path) -> None:
     shots = Path(os.environ["QFORMAT_TEST_ARTIFACTS"]) / "web_page" if os.environ.get("QFORMAT_TEST_ARTIFACTS") else tmp_path / "shots"
     shots.mkdir(parents=True, exist_ok=True)
 
-    with serve_ranges(data) as files, serve_ranges(data, Faults(redirect_to=files)) as moved, browser.serve(ROOT / "readers" / "js") as site:
+    with serve_ranges(data) as files, serve_ranges(data, Faults(redirect_to=files)) as moved, \
+            serve_ranges(data, Faults(no_cors=True)) as closed, browser.serve(ROOT / "readers" / "js") as site:
         plan = {"a": files + "a.safetensors", "b": files + "b.safetensors", "tensor": "w_int4",
                 "picked": str(CORPUS / case["input"]), "truncated": files + "truncated.safetensors",
                 "dropped": str(data / "b.safetensors"), "gguf": str(data / "m.gguf"),
-                "redirected": moved + "a.safetensors"}
+                "redirected": moved + "a.safetensors", "nocors": closed + "a.safetensors"}
         (tmp_path / "plan.json").write_text(json.dumps(plan))
         env = dict(os.environ, QFORMAT_CHROMIUM=browser.chromium() or "")
         p = subprocess.run(["node", str(ROOT / "tests" / "web_page.mjs"), str(browser.PLAYWRIGHT.parent), site + "web/index.html?decoder=wasm",
@@ -101,7 +102,9 @@ def test_web_page_end_to_end(tmp_path: Path) -> None:
     assert rows["w_int4"][3] == "float32" and rows["bias"][1] == "plain" and rows["bias"][3] == "F32"
     assert 4.0 < float(rows["w_int4"][4]) < 6.0, rows["w_int4"]  # 4-bit codes plus a scale per 32
     assert rows["bias"][4] == "32.000"
-    assert a["problems"] == [{"code": "", "text": "No problems: check passes."}], a["problems"]
+    # opening reads the header only: its problems are listed, the full check waits for the button
+    assert a["problems"] == [{"code": "", "text": "No problems in the header. Run check to read every byte (payload rules and digests)."}], a["problems"]
+    assert steps["checked"]["problems"] == [{"code": "", "text": "No problems: check passes."}], steps["checked"]
     assert json.loads(a["descriptor"])["shape"] == [512, 256]
     # the histogram: 64 bars counting every decoded value once
     assert len(a["bars"]) == 64 and sum(a["bars"]) == 512 * 256 and max(a["bars"]) > 0
@@ -115,6 +118,7 @@ def test_web_page_end_to_end(tmp_path: Path) -> None:
     assert 15 < got["w_int4"] < 25 and got["bias"] == math.inf
     widths = {label: w for label, _, w in steps["b"]["sqnr"]}
     assert widths["w_int4"] > 0 and widths["w_nf4"] > 0
+    assert widths["bias"] > 1.2 * max(widths["w_int4"], widths["w_nf4"]), widths  # exact is visibly longest
     # 3. the corrupt file from the picker: its refused tensor in the table and check's codes
     picked = steps["picked"]
     want_codes = sorted(case["check"])
@@ -134,6 +138,13 @@ def test_web_page_end_to_end(tmp_path: Path) -> None:
     assert [pr["code"] for pr in gguf["problems"]] == ["NOT_SAFETENSORS"] and "GGUF version 3" in gguf["statusA"]
     # 7. a redirect to another origin (the browser follows it; the final URL is refused)
     assert [pr["code"] for pr in steps["redirected"]["problems"]] == ["REMOTE_REDIRECT_REFUSED"], steps["redirected"]
+    # 8. a relative URL is resolved against the page (here: a file the page's server lacks), and
+    # a server without CORS headers is named as such, not as a network failure
+    assert "REMOTE_HTTP_ERROR" in steps["relative"]["statusB"] and "no-such-file.safetensors" in steps["relative"]["statusB"], steps["relative"]
+    assert "REMOTE_UNREACHABLE" in steps["nocors"]["statusB"] and "CORS" in steps["nocors"]["statusB"], steps["nocors"]["statusB"]
+    # 9. ?a=&b= opened both slots (opening B used to cancel A) and compared them
+    assert "a.safetensors" in steps["query"]["statusA"] and "b.safetensors" in steps["query"]["statusB"], steps["query"]
+    assert sorted(steps["query"]["sqnr"]) == ["bias", "w_int4", "w_nf4"]
     # every request for the files' bytes was a range request; the tensors past the first 64 KiB
     # were fetched by ranges of their own
     assert gets and all(rng is not None and rng.startswith("bytes=") for _, _, rng in gets), gets
@@ -193,3 +204,34 @@ def _gguf_probe_bytes(tmp_path: Path, data: bytes) -> dict:
     p = tmp_path / "probe.gguf"
     p.write_bytes(data)
     return _gguf_probe(p)
+
+
+@needs_browser
+def test_showing_one_tensor_reads_the_header_and_that_tensor_only(tmp_path: Path) -> None:
+    """Opening a checkpoint by URL and showing one tensor's histogram reads its header (within
+    the first request's 64 KiB) and that tensor's stored bytes, nothing more: the page no longer
+    runs the whole-file check on open (issue 44: it read about twice the file to show one)."""
+    from qformat.container import read_header
+    from tests.range_server import serve_ranges
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(3)
+    big = {f"w{i}": qformat.quantize(rng.standard_normal((512, 512)).astype(np.float32), "int", bits=4, group_size=32) for i in range(6)}
+    qformat.save_file(big, data / "a.safetensors")
+    h = read_header(data / "a.safetensors")
+    shown = sum(e.nbytes for n, e in h.entries.items() if n.startswith("w2."))
+    with serve_ranges(data) as files, browser.serve(ROOT / "readers" / "js") as site:
+        plan = {"a": files + "a.safetensors", "tensor": "w2", "only": "a"}
+        (tmp_path / "plan.json").write_text(json.dumps(plan))
+        env = dict(os.environ, QFORMAT_CHROMIUM=browser.chromium() or "")
+        p = subprocess.run(["node", str(ROOT / "tests" / "web_page.mjs"), str(browser.PLAYWRIGHT.parent), site + "web/index.html",
+                            str(tmp_path / "plan.json"), str(tmp_path)], capture_output=True, text=True, timeout=240, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        sent = files.log.bytes_sent
+    assert out["errors"] == [], out
+    assert len(out["steps"]["a"]["bars"]) == 64
+    size = (data / "a.safetensors").stat().st_size
+    assert h.data_start < 65536 and shown < size / 5
+    assert sent <= 65536 + shown, (sent, shown, size)

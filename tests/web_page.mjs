@@ -5,7 +5,8 @@
 // PLAN: {a: URL of a qformat file, b: URL of a file with the same tensors, tensor: a tensor of a
 //        to select, picked: path of a local file to open with the picker, truncated: URL,
 //        dropped: path of a local file dropped (drag and drop) on slot B, gguf: path of a GGUF file,
-//        redirected: URL redirecting to another origin}
+//        redirected: URL redirecting to another origin, nocors: URL of a server that sends no CORS
+//        headers; only: "a" stops after opening a and showing plan.tensor (a run that counts bytes)}
 import { createRequire } from "node:module";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -54,6 +55,12 @@ try {
     note: await page.textContent("#histogram-note"),
   };
   await page.screenshot({ path: join(shots, "1-table-histogram.png"), fullPage: true });
+  if (plan.only === "a") throw new Error("stop");
+
+  // 1b. the full check, on request (it reads every byte)
+  await page.click("#run-check");
+  await page.waitForSelector("#problems.ok[data-state=done] li:text('check passes')", { timeout: T });
+  out.steps.checked = await state();
 
   // 2. a second file by URL: the SQNR chart of B against A
   await openUrl("b", plan.b);
@@ -99,8 +106,25 @@ try {
   out.steps.redirected = await state();
   // how many tensors the WebAssembly path decoded for the histogram and the SQNR chart
   out.wasm = await page.evaluate(async () => (await import(new URL("../src/index.js", location.href).href)).wasmInfo());
+
+  // 8. a relative URL (resolved against the page; the field is text, not type=url) and a server
+  // without CORS headers: told apart from a network failure
+  await openUrl("b", "no-such-file.safetensors");
+  out.steps.relative = await state();
+  await openUrl("b", plan.nocors);
+  out.steps.nocors = await state();
+
+  // 9. ?a=...&b=...: both slots open, and the SQNR chart compares them
+  const both = new URL(pageUrl);
+  both.searchParams.set("a", plan.a);
+  both.searchParams.set("b", plan.b);
+  await page.goto(both.href);
+  await page.waitForSelector("#slot-a[data-state=done]", { timeout: T });
+  await page.waitForSelector("#slot-b[data-state=done]", { timeout: T });
+  await page.waitForSelector("#sqnr[data-state=done]", { timeout: T });
+  out.steps.query = { ...(await state()), sqnr: await page.$$eval("#sqnr svg rect.bar", (rs) => rs.map((r) => r.dataset.label)) };
 } catch (e) {
-  out.errors.push(`driver: ${e && e.stack ? e.stack : e}`);
+  if (!(plan.only && e instanceof Error && e.message === "stop")) out.errors.push(`driver: ${e && e.stack ? e.stack : e}`);
 } finally {
   await browser.close();
 }

@@ -232,6 +232,21 @@ export async function urlSource(url, opts = {}) {
   }
 
   /**
+   * In a browser, a failed fetch is a TypeError whether the network failed or the server's answer
+   * lacked CORS headers; a no-cors request tells them apart: it resolves (with an opaque answer)
+   * only when the server did answer.  Outside a browser there is no CORS: false.
+   */
+  async function corsRefused() {
+    if (typeof document === "undefined") return false;
+    try {
+      await doFetch(start, { method: "HEAD", mode: "no-cors", cache: "no-store", signal: AbortSignal.timeout(5000) });
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  /**
    * One range request, retried on network errors and 5xx, all within `dl`.
    * @param {number} off @param {number} len @param {ReturnType<typeof readDeadline>} dl
    */
@@ -247,6 +262,10 @@ export async function urlSource(url, opts = {}) {
         if (attempt < retries) {
           await dl.race(sleep(backoff * 2 ** attempt));
           continue;
+        }
+        if (await corsRefused()) {
+          throw error("REMOTE_UNREACHABLE", `${shown}: the server answered, but not to this page: a read from another origin needs `
+            + "the server to send Access-Control-Allow-Origin and expose Content-Range (CORS); \"qformat serve DIR\" does");
         }
         throw error("REMOTE_UNREACHABLE", `${shown}: ${cause(e)}${e instanceof Error && e.cause ? ` (${cause(e.cause)})` : ""} (after ${retries} retries)`);
       }

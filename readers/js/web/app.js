@@ -9,15 +9,17 @@ import { isGguf, readGguf } from "./gguf.js";
 import { histogram, human, sqnr, tensorRow, toNumbers } from "./stats.js";
 import { barChartSvg, histogramSvg } from "./charts.js";
 
-/** Files up to this size are checked when opened; larger ones on request (check reads every byte). */
-const AUTO_CHECK_BYTES = 64 << 20;
 
 /** @typedef {{f: import("../src/lazy.js").LazyFile|null, gguf?: Awaited<ReturnType<typeof readGguf>>|null, label: string, error: any}} Slot */
 /** @type {Record<string, Slot|null>} */
 const slots = { a: null, b: null };
 let active = "a";
-/** Bumped by every open: work started for an older state drops its result. */
+/** Bumped by every open: view work (a check, a histogram, the SQNR chart) started for an older
+ * state drops its result. */
 let generation = 0;
+/** Bumped by each slot's own opens: an open superseded in its slot drops its result (one per
+ * slot, so that opening B does not cancel A: ?a=...&b=... opens both). */
+const opened = { a: 0, b: 0 };
 
 const $ = (/** @type {string} */ s) => /** @type {HTMLElement} */ (document.querySelector(s));
 
@@ -51,7 +53,8 @@ function jsonText(d) {
 /** @param {string} slot @param {Blob|string} what @param {string} label */
 async function open(slot, what, label) {
   if (typeof what === "string") label = redactUrl(label);  // user-info and a signed query are credentials: never on the page
-  const gen = ++generation;
+  const gen = ++opened[/** @type {"a"|"b"} */ (slot)];
+  generation++;
   slots[slot] = null;
   status(slot, `opening ${label}…`);
   mark($(`#slot-${slot}`), "opening");
@@ -65,7 +68,7 @@ async function open(slot, what, label) {
   } catch (e) {
     s = { f: null, label, error: e };
   }
-  if (gen !== generation) return;
+  if (gen !== opened[/** @type {"a"|"b"} */ (slot)]) return;
   slots[slot] = s;
   if (s.f) summary(slot);
   else if (s.gguf) status(slot, `${label}: GGUF version ${s.gguf.version}, ${s.gguf.tensors.length} tensors, ${s.gguf.kv.size} metadata keys`);
@@ -121,8 +124,9 @@ function show(slot) {
     tbody.appendChild(tr);
   }
   mark(tbody, "done");
-  if (f.size <= AUTO_CHECK_BYTES) runCheck(slot);
-  else button.hidden = false;
+  // what the header shows (no tensor bytes read); the full check reads every byte: on request
+  listProblems(f.problems(), "No problems in the header. Run check to read every byte (payload rules and digests).");
+  button.hidden = false;
 }
 
 /**
@@ -156,12 +160,12 @@ function showGguf(g, tbody) {
   listProblems([{ code: "NOT_SAFETENSORS", tensor: null, message: `a GGUF file (version ${g.version}${typeof arch === "string" ? `, ${arch}` : ""}): qformat checks safetensors files; qformat convert reads GGUF` }]);
 }
 
-/** @param {any[]} probs */
-function listProblems(probs) {
+/** @param {any[]} probs @param {string} [none] what an empty list says */
+function listProblems(probs, none = "No problems: check passes.") {
   const ul = $("#problems");
   ul.replaceChildren();
   ul.classList.toggle("ok", probs.length === 0);
-  if (!probs.length) ul.appendChild(Object.assign(document.createElement("li"), { textContent: "No problems: check passes." }));
+  if (!probs.length) ul.appendChild(Object.assign(document.createElement("li"), { textContent: none }));
   for (const p of probs) {
     const li = document.createElement("li");
     li.dataset.code = p.code ?? "";

@@ -50,11 +50,15 @@ export function barChartSvg(rows, unit, width = 640) {
   let max = 1;  // a loop: Math.max(...list) overflows the stack with one row per tensor of a large file
   for (const [, v] of rows) if (Number.isFinite(v) && Math.abs(v) > max) max = Math.abs(v);
   const span = width - labelW - 80;
+  // the largest finite value takes 80 % of the span, so an exact (infinite) value, drawn at the
+  // whole span in its own class, is visibly longer than any finite one
+  const finiteSpan = 0.8 * span;
   rows.forEach(([label, v], i) => {
     const y = 10 + i * rowH;
     svg.appendChild(el("text", { x: labelW - 6, y: y + 14, "font-size": 12, "text-anchor": "end" }, label.length > 40 ? "…" + label.slice(-39) : label));
-    const len = Number.isNaN(v) ? 0 : Number.isFinite(v) ? (Math.max(0, v) / max) * span : span;
-    const bar = el("rect", { x: labelW, y: y + 3, width: Math.max(len, 0), height: rowH - 6, class: "bar", "data-label": label, "data-value": String(v) });
+    const len = Number.isNaN(v) ? 0 : Number.isFinite(v) ? (Math.max(0, v) / max) * finiteSpan : span;
+    const cls = v === Infinity ? "bar exact" : "bar";
+    const bar = el("rect", { x: labelW, y: y + 3, width: Math.max(len, 0), height: rowH - 6, class: cls, "data-label": label, "data-value": String(v) });
     svg.appendChild(bar);
     const text = Number.isNaN(v) ? "n/a" : Number.isFinite(v) ? `${v.toFixed(2)} ${unit}` : `∞ (identical)`;
     svg.appendChild(el("text", { x: labelW + len + 6, y: y + 14, "font-size": 12 }, text));
