@@ -8,9 +8,12 @@ import argparse
 import contextlib
 import json
 import sys
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .check import Report, check
+
+if TYPE_CHECKING:
+    from .errors import QFormatError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -18,6 +21,18 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"qformat: error: {message}", file=sys.stderr)
         raise SystemExit(2)
+
+
+#: Exit statuses, the same for every command (README, "Exit statuses"; the JavaScript
+#: qformat-read uses the same numbers).
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def refusal_status(e: "QFormatError") -> int:
+    """The exit status of a command that stopped on ``e``: a usage-category code (arguments, a
+    path or URL that cannot be read, a destination) is a usage error, 2; a code about what a
+    file holds (malformed, invalid, unsupported) is a problem with the input, 1."""
+    return EXIT_USAGE if e.category == "usage" else EXIT_PROBLEMS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -260,7 +275,7 @@ def _convert(args: argparse.Namespace) -> int:
                            overwrite=args.overwrite, progress=None if args.quiet else sys.stderr)
     except QFormatError as e:
         print(f"qformat: {e}", file=sys.stderr)
-        return 2 if e.category == "usage" else 1
+        return refusal_status(e)
     except BrokenPipeError:  # stdout closed (`| head`): main() ends quietly
         raise
     except Exception as e:  # never a traceback
@@ -321,7 +336,8 @@ def _convert_hf(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    """``qformat inspect``: 0 on success, 2 when PATH cannot be read as a checkpoint."""
+    """``qformat inspect``: 0 on success; 2 when PATH cannot be read (a usage code), 1 when what
+    it holds is refused (malformed, invalid, unsupported)."""
     from .errors import QFormatError
     from .inspection import inspect_checkpoint
 
@@ -329,7 +345,7 @@ def _inspect(args: argparse.Namespace) -> int:
         r = inspect_checkpoint(args.path, from_format=args.from_format)
     except QFormatError as e:
         print(f"qformat: {e}", file=sys.stderr)
-        return 2
+        return refusal_status(e)
     except BrokenPipeError:  # stdout closed (`| head`): main() ends quietly
         raise
     except Exception as e:  # never a traceback
@@ -364,7 +380,7 @@ def _diff(args: argparse.Namespace) -> int:
             qd.plot(r, args.plot)
     except QFormatError as e:
         print(f"qformat: {e}", file=sys.stderr)
-        return 2
+        return refusal_status(e)
     except KeyboardInterrupt:
         print("qformat: interrupted", file=sys.stderr)
         return 130
@@ -397,7 +413,7 @@ def _run_job(args: argparse.Namespace, job) -> int:  # type: ignore[no-untyped-d
         return job()
     except QFormatError as e:
         print(f"qformat: {e}", file=sys.stderr)
-        return 2 if e.category == "usage" else 1
+        return refusal_status(e)
     except KeyboardInterrupt:
         print("qformat: interrupted; nothing was written", file=sys.stderr)
         return 130

@@ -3,6 +3,7 @@
 // in its own process, so what it exercises is exactly what the command does.
 import { readFileSync, writeFileSync } from "node:fs";
 import { check, encodeSafetensors, loadCheckpoint, QFormatError } from "../src/node.js";
+import { ERRORS } from "../src/tables.js";
 
 /**
  * Decode INPUT (.safetensors, or a *.safetensors.index.json) and write every tensor to OUTPUT as a
@@ -59,9 +60,13 @@ export function main(args) {
     process.stdout.write(lines.join("\n") + (lines.length ? "\n" : ""));
     return 0;
   }
+  // exit statuses as qformat's (README, "Exit statuses"): 0 done or no problem, 1 problems in
+  // the input, 2 usage (arguments, a file that cannot be read: a usage-category code), 3 internal
   if (args[0] === "--check" && args.length === 2) {
-    for (const l of checkLines(args[1])) console.log(l);
-    return 0;
+    const lines = checkLines(args[1]);
+    for (const l of lines) console.log(l);
+    if (!lines.length) return 0;
+    return lines.some((l) => ERRORS[l.split("\t")[0]] === "usage") ? 2 : 1;
   }
   if (args.length === 2) {
     try {
@@ -70,9 +75,10 @@ export function main(args) {
       if (e instanceof QFormatError) {
         console.log(e.code);
         console.error(e.message);
-        return 1;
+        return ERRORS[e.code] === "usage" ? 2 : 1;
       }
-      throw e;
+      console.error(`qformat-read: internal error: ${e instanceof Error ? e.stack : e}`);
+      return 3;
     }
     return 0;
   }
