@@ -35,13 +35,37 @@ def refusal_status(e: "QFormatError") -> int:
     return EXIT_USAGE if e.category == "usage" else EXIT_PROBLEMS
 
 
+class _SubParser(_Parser):
+    """A command's parser: :class:`_Help`'s defaults in its help."""
+
+    def __init__(self, **kw: object) -> None:
+        kw.setdefault("formatter_class", _Help)
+        super().__init__(**kw)  # type: ignore[arg-type]
+
+
+class _Help(argparse.HelpFormatter):
+    """Help that shows each option's default where it has one (not None, not a flag's False) and
+    the help text does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if (d is None or d is False or d is argparse.SUPPRESS or "default" in text or not action.option_strings
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="qformat", description="Check, inspect, compare, quantize, dequantize, convert, merge and export quantized checkpoints "
-                                                 "(qformat in safetensors files; GGUF and other formats through convert and export).")
+    p = _Parser(prog="qformat", formatter_class=_Help,
+                description="Check, inspect, compare, quantize, dequantize, convert, merge and export quantized checkpoints "
+                            "(qformat in safetensors files; GGUF and other formats through convert and export). Every path "
+                            "a command reads may also be an http(s):// URL, read by byte ranges (see README, 'Remote checkpoints').",
+                epilog="Exit statuses: 0 done, 1 problems in the input, 2 usage, 3 internal error, 130 interrupted.")
     from . import SPEC_VERSION, __version__
 
     p.add_argument("--version", action="version", version=f"qformat {__version__} (SPEC.md {SPEC_VERSION})")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_SubParser)
     c = sub.add_parser("check", help="check files, folders or sharded checkpoints (index.json) for conformance")
     c.add_argument("paths", nargs="+", metavar="PATH")
     c.add_argument("--json", action="store_true", help="print one JSON report instead of text")
@@ -61,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
                          "needs qformat[transformers]), gguf one .safetensors file with the GGUF names; auto (default): "
                          "gguf when DST ends in .safetensors, else hf")
     cv.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    cv.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     cv.add_argument("--quiet", action="store_true", help="no progress bar")
     cv.add_argument("--list", action="store_true", help="list the source formats and exit")
     _split_options(cv)
@@ -109,7 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="export a checkpoint to GGUF, compressed-tensors, MLX or bitsandbytes, bit-exact or refused")
     ex.add_argument("src", metavar="SRC", nargs="?", help="anything qformat reads: a qformat file, folder or index.json, or a convert source")
     ex.add_argument("dst", metavar="DST", nargs="?", help="the output: a .gguf file for --to gguf; else a folder for a folder or sharded source, a file otherwise")
-    ex.add_argument("--to", metavar="FORMAT", help="the target format (see --list)")
+    ex.add_argument("--to", metavar="FORMAT", help="the target format (required unless --list; see --list)")
     ex.add_argument("--allow-rounding", action="store_true", help="export tensors that do not map exactly anyway, re-encoded where needed; each is reported with its max abs difference and SQNR")
     ex.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     ex.add_argument("--gguf-pre", metavar="NAME", help="--to gguf: the llama.cpp pre-tokenizer to record as tokenizer.ggml.pre "
@@ -269,10 +294,10 @@ def _convert(args: argparse.Namespace) -> int:
             from .checkpoint.split import convert as split_convert
 
             s = split_convert(args.src, args.dst, from_format=args.from_format, repack=args.repack, overwrite=args.overwrite,
-                              progress=None if args.quiet else sys.stderr, part=args.part, workers=args.workers)
+                              progress=None if (args.quiet or args.json) else sys.stderr, part=args.part, workers=args.workers)
         else:
             s = cv.convert(args.src, args.dst, from_format=args.from_format, repack=args.repack,
-                           overwrite=args.overwrite, progress=None if args.quiet else sys.stderr)
+                           overwrite=args.overwrite, progress=None if (args.quiet or args.json) else sys.stderr)
     except QFormatError as e:
         print(f"qformat: {e}", file=sys.stderr)
         return refusal_status(e)
@@ -281,6 +306,9 @@ def _convert(args: argparse.Namespace) -> int:
     except Exception as e:  # never a traceback
         print(f"qformat: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return 3
+    if args.json:
+        print(json.dumps(_summary_json("convert", args.dst, s), indent=2))
+        return 0
     if args.part is not None:
         _print_part(args.dst, s.parts[0])
         return 0
@@ -316,6 +344,15 @@ def _gguf_layout(args: argparse.Namespace) -> str | None:
     return "gguf" if str(args.dst).endswith(".safetensors") else "hf"
 
 
+def _summary_json(command: str, dst: str, summary: object) -> dict:
+    """A command's summary dataclass as ``--json`` prints it (``format_version`` 1: members are
+    only added, never changed)."""
+    import dataclasses
+
+    fields = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) and not isinstance(summary, type) else dict(vars(summary))
+    return {"format_version": 1, "command": command, "destination": dst, **fields}
+
+
 def _convert_hf(args: argparse.Namespace) -> int:
     """``qformat convert model.gguf out/``: the Hugging Face model folder (qformat_transformers)."""
     from .errors import error
@@ -325,7 +362,10 @@ def _convert_hf(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise error("DEPENDENCY_MISSING", f"a GGUF model as a Hugging Face folder needs transformers and torch "
                     f"(pip install 'qformat[transformers]'): {e}; or give a DST ending in .safetensors to keep the GGUF names") from None
-    s = convert_gguf(args.src, args.dst, overwrite=args.overwrite, progress=None if args.quiet else sys.stderr)
+    s = convert_gguf(args.src, args.dst, overwrite=args.overwrite, progress=None if (args.quiet or args.json) else sys.stderr)
+    if args.json:
+        print(json.dumps(_summary_json("convert", args.dst, s), indent=2))
+        return 0
     print(f"{args.dst}: {s.model_class} ({s.architecture}) for transformers: {s.quantized} quantized tensors kept packed, "
           f"{s.plain} plain, {s.bytes / 1e6:,.1f} MB; {', '.join(s.side_files)}")
     if s.permuted:

@@ -56,3 +56,27 @@ def test_the_javascript_command_uses_the_same_statuses(files: dict[str, Path]) -
 def test_the_console_script_passes_the_status_on(files: dict[str, Path]) -> None:
     p = subprocess.run([sys.executable, "-m", "qformat", "check", str(files["bad"])], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "DATA_TRUNCATED" in p.stdout
+
+
+def test_help_shows_defaults_urls_and_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "http(s):// URL" in top and "Exit statuses: 0 done, 1 problems in the input, 2 usage" in top
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "(default: 8000" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    assert "required unless --list" in capsys.readouterr().out.replace("\n", " ").replace("  ", " ")
+    with pytest.raises(SystemExit):
+        main(["conformance", "run", "--help"])
+    assert "--jobs" in capsys.readouterr().out
+
+
+def test_convert_has_json(files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["convert", str(files["good"]), str(tmp_path / "c.safetensors"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["format_version"] == 1 and d["command"] == "convert" and d["logical"] == 1 and d["files"]
