@@ -34,6 +34,9 @@ from the model card as gguf-py's ``gguf.Metadata`` reads it), llama.cpp's tensor
 ``rope_freqs.weight``), and a byte-level BPE ``tokenizer.json`` as llama.cpp's ``gpt2`` tokenizer
 keys (:mod:`.gguf_tokenizer`, ``tokenizer.ggml.pre`` included).  Anything else keeps its names,
 with ``general.architecture`` set from ``config.json``'s ``model_type`` when there is one.
+A model folder whose ``model_type`` is not in :data:`ARCHITECTURES` is refused
+(``EXPORT_UNMAPPABLE`` naming it): its GGUF would not load in llama.cpp.  A bare file or folder
+without a config.json keeps its names (a container of tensors, not a model).
 """
 
 from __future__ import annotations
@@ -517,7 +520,14 @@ def _model(ctx: Context) -> _Model:
         model = _Model("hf", arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[arch]], permute=permute, config=cfg)
         model.problem = _unsupported_config(cfg)
         return model
-    return _Model("plain", arch=str(mt) if isinstance(mt, str) else None, config=cfg)
+    model = _Model("plain", arch=str(mt) if isinstance(mt, str) else None, config=cfg)
+    if mt is not None:
+        # a model whose architecture has no mapping here would get transformers' tensor names and
+        # no hyperparameters or tokenizer: a file llama.cpp refuses, reported as a success before
+        model.problem = (f"config.json's model_type {mt!r} has no llama.cpp mapping in this version (tensor names, "
+                         f"hyperparameters and tokenizer keys are known for model_type {', '.join(sorted(ARCHITECTURES))}); "
+                         f"a GGUF of it would not load in llama.cpp, so none is written")
+    return model
 
 
 def _restored(ctx: Context, key: str, v: Any, members: dict[str, str]) -> dict[str, Any]:

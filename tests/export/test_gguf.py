@@ -462,16 +462,34 @@ def test_a_gguf_file_is_not_a_source(tmp_path: Path) -> None:
     assert not (tmp_path / "o.gguf").exists()
 
 
-def test_other_architectures_keep_their_names(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model_type", ["t5", "gemma3_text"])
+def test_other_architectures_are_refused_by_name(tmp_path: Path, model_type: str) -> None:
+    """A model folder whose architecture has no llama.cpp mapping here is refused, naming it, and
+    nothing is written (issue 42: a Gemma 3 folder was written with transformers' names, no
+    hyperparameters and no tokenizer, reported as a success, and llama.cpp refused the file)."""
     folder = tmp_path / "m"
     folder.mkdir()
     rng = np.random.default_rng(7)
     qformat.save_file({"encoder.block.0.w": qformat.quantize(rng.standard_normal((4, 64)).astype(np.float32), "int", **INT4)}, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    out = tmp_path / "o.gguf"
+    with pytest.raises(QFormatError) as e:
+        export(folder, out, to="gguf")
+    assert e.value.code == "EXPORT_UNMAPPABLE" and repr(model_type) in str(e.value) and "llama, mistral, qwen2" in str(e.value)
+    assert not out.exists()
+
+
+def test_a_folder_without_model_type_keeps_its_names(tmp_path: Path) -> None:
+    """No config.json model_type: a container of tensors, not a model; its names are kept."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    rng = np.random.default_rng(7)
+    qformat.save_file({"encoder.block.0.w": qformat.quantize(rng.standard_normal((4, 64)).astype(np.float32), "int", **INT4)}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Thing"]}))
     out = tmp_path / "o.gguf"
     export(folder, out, to="gguf")
     r = gguf.GGUFReader(out)
-    assert r.fields["general.architecture"].contents() == "t5" and [t.name for t in r.tensors] == ["encoder.block.0.w"]
+    assert "general.architecture" not in r.fields and [t.name for t in r.tensors] == ["encoder.block.0.w"]
 
 
 def _convert_hf_llama3_factors(rp: dict, dim: int) -> np.ndarray:

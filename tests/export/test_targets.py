@@ -50,7 +50,8 @@ def _folder(tmp: Path, scheme: str, params: dict, layers: int = 2, rows: int = 6
         x = np.where(rng.random((rows, cols)) < 0.1, x * 1e-4, x).astype(np.float16)
         tensors[f"model.layers.{i}.mlp.down_proj.weight"] = qformat.quantize(x, scheme, **params)
     qformat.save_file(tensors, src / "model.safetensors")
-    (src / "config.json").write_text(json.dumps({"model_type": "test", "architectures": ["TestModel"], "torch_dtype": "float16"}))
+    # no model_type: a container of tensors (gguf refuses a model_type it has no llama.cpp mapping for)
+    (src / "config.json").write_text(json.dumps({"architectures": ["TestModel"], "torch_dtype": "float16"}))
     return src
 
 
