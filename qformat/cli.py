@@ -140,6 +140,9 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--gguf-pre", metavar="NAME", help="--to gguf: the llama.cpp pre-tokenizer to record as tokenizer.ggml.pre "
                     "(default: the one llama.cpp's converter gives the tokenizer's fingerprint; needed when that is unknown; "
                     "'default' accepts llama.cpp's default pre-tokenizer)")
+    ex.add_argument("--tensors-only", action="store_true", help="--to gguf: the tensors under their own names and no model "
+                    "metadata, a container for gguf-py and other tensor readers (llama.cpp cannot run it); for a model whose "
+                    "architecture has no llama.cpp mapping, which is refused otherwise")
     ex.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
     ex.add_argument("--list", action="store_true", help="list the export targets and exit")
@@ -565,12 +568,17 @@ def _export(args: argparse.Namespace) -> int:
     if not args.src or not args.dst or not args.to:
         print("qformat: error: export needs SRC, DST and --to FORMAT (or --list)", file=sys.stderr)
         return 2
-    options: dict[str, str] = {}
+    options: dict[str, object] = {}
     if args.gguf_pre is not None:
         if args.to != "gguf":
             print("qformat: error: --gguf-pre applies to --to gguf only", file=sys.stderr)
             return 2
         options["gguf_pre"] = args.gguf_pre
+    if args.tensors_only:
+        if args.to != "gguf":
+            print("qformat: error: --tensors-only applies to --to gguf only", file=sys.stderr)
+            return 2
+        options["tensors_only"] = True
 
     def job() -> int:
         r = ex.export(args.src, args.dst, to=args.to, allow_rounding=args.allow_rounding, overwrite=args.overwrite,

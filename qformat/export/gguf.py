@@ -36,7 +36,8 @@ keys (:mod:`.gguf_tokenizer`, ``tokenizer.ggml.pre`` included).  Anything else k
 with ``general.architecture`` set from ``config.json``'s ``model_type`` when there is one.
 A model folder whose ``model_type`` is not in :data:`ARCHITECTURES` is refused
 (``EXPORT_UNMAPPABLE`` naming it): its GGUF would not load in llama.cpp.  A bare file or folder
-without a config.json keeps its names (a container of tensors, not a model).
+without a ``model_type``, or the ``tensors_only`` option (``--tensors-only``), keeps the tensors'
+names and writes no model metadata (a container of tensors, not a model).
 """
 
 from __future__ import annotations
@@ -513,6 +514,8 @@ def _model(ctx: Context) -> _Model:
                       kv_tensors=kv_tensor_names(meta))
     cfg = ctx.config if isinstance(ctx.config, dict) else {}
     mt = cfg.get("model_type")
+    if ctx.options.get("tensors_only"):  # asked for: a container of tensors, no model metadata
+        return _Model("plain", config=cfg)
     if mt in ARCHITECTURES:
         import gguf
 
@@ -526,7 +529,8 @@ def _model(ctx: Context) -> _Model:
         # no hyperparameters or tokenizer: a file llama.cpp refuses, reported as a success before
         model.problem = (f"config.json's model_type {mt!r} has no llama.cpp mapping in this version (tensor names, "
                          f"hyperparameters and tokenizer keys are known for model_type {', '.join(sorted(ARCHITECTURES))}); "
-                         f"a GGUF of it would not load in llama.cpp, so none is written")
+                         f"a GGUF of it would not load in llama.cpp, so none is written (--tensors-only writes the "
+                         f"tensors under their own names, for gguf-py and other tensor readers)")
     return model
 
 
@@ -836,6 +840,8 @@ class GGUF(Target):
             if ctx.options.get("gguf_pre") is not None:  # a bad name fails before any tensor is planned
                 gguf_tokenizer.check_pre_name(ctx.options["gguf_pre"])
             m = self._models[id(ctx)] = _model(ctx)
+            if m.mode == "plain" and m.problem is not None:  # the whole model, before any tensor is planned
+                raise error("EXPORT_UNMAPPABLE", m.problem, field="config.json model_type")
         return m
 
     def map(self, name: str, desc: Descriptor | None, ctx: Context) -> Mapped:

@@ -477,6 +477,10 @@ def test_other_architectures_are_refused_by_name(tmp_path: Path, model_type: str
         export(folder, out, to="gguf")
     assert e.value.code == "EXPORT_UNMAPPABLE" and repr(model_type) in str(e.value) and "llama, mistral, qwen2" in str(e.value)
     assert not out.exists()
+    # asked for: the tensors under their own names, no model metadata
+    export(folder, out, to="gguf", tensors_only=True)
+    r = gguf.GGUFReader(out)
+    assert "general.architecture" not in r.fields and [t.name for t in r.tensors] == ["encoder.block.0.w"]
 
 
 def test_a_folder_without_model_type_keeps_its_names(tmp_path: Path) -> None:
