@@ -1,5 +1,9 @@
 """The native kernels (qformat/kernels/_native.c: decode; _matmul.c: matmul; _ggml.c: GGUF quantizers) as optional setuptools extensions.
 
+_native is the CPython wrapper around libqformat's fused decode kernel (libqformat/src/kernel.c and
+kernel.h): one C decoder source for the Python package and the C library, compiled into the
+extension from both files.
+
 Everything else about the package is in pyproject.toml.  Why setuptools (the build backend the
 project already uses) and not scikit-build-core or meson-python: one C file with no dependency
 needs no CMake or Meson, so the build adds nothing to install, and ``optional=True`` makes a
@@ -22,5 +26,8 @@ else:
 
 # _native: the fused decode; _matmul: QLinear's packed-weight matmul (qformat.kernels.matmul); _ggml: the GGUF
 # block quantizers (qformat.schemes.gguf).
-setup(ext_modules=[Extension(f"qformat.kernels.{name}", [f"qformat/kernels/{name}.c"], extra_compile_args=args, optional=True)
+SOURCES = {"_native": ["qformat/kernels/_native.c", "libqformat/src/kernel.c"]}
+DEPENDS = {"_native": ["libqformat/src/kernel.h"]}
+setup(ext_modules=[Extension(f"qformat.kernels.{name}", SOURCES.get(name, [f"qformat/kernels/{name}.c"]), extra_compile_args=args,
+                             include_dirs=["libqformat/src"] if name in SOURCES else [], depends=DEPENDS.get(name, []), optional=True)
                    for name in ("_native", "_matmul", "_ggml")])

@@ -701,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="where to write the results (default: merged into bench/results.json, "
                     "replacing only the sections this run measured; with --quick a scratch file in the temporary folder, "
                     "so a smoke run never touches the committed results)")
-    ap.add_argument("--only", default="decode,kernels,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
+    ap.add_argument("--only", default="decode,kernels,libqformat,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
                     help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py; "
                          "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py; remote, bench/remote.py; "
                          "headers, bench/headers.py; "
@@ -732,6 +732,10 @@ def main(argv: list[str] | None = None) -> int:
             from .kernels import bench_kernels
 
             bench_kernels(run, *((32, 256) if a.quick else (2048, 8192)))
+        if "libqformat" in only:
+            from .libqformat import bench_libqformat
+
+            bench_libqformat(run, tmp, *((32, 512) if a.quick else (2048, 8192)))
         if "gguf" in only:
             bench_gguf(run, *((32, 256) if a.quick else (2048, 8192)))
         if "nf4" in only:

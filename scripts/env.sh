@@ -50,6 +50,8 @@ STALE=""
 for NAME in _native _matmul _ggml; do
   SO="$(ls "$ROOT"/qformat/kernels/$NAME.*.so 2>/dev/null | head -n1 || true)"
   if [ -z "$SO" ] || [ "$ROOT/qformat/kernels/$NAME.c" -nt "$SO" ] || [ "$ROOT/setup.py" -nt "$SO" ]; then STALE=1; fi
+  # _native compiles libqformat's fused kernel too (one decoder source for both)
+  if [ "$NAME" = _native ] && [ -n "$SO" ] && { [ "$ROOT/libqformat/src/kernel.c" -nt "$SO" ] || [ "$ROOT/libqformat/src/kernel.h" -nt "$SO" ]; }; then STALE=1; fi
 done
 if [ -n "$STALE" ]; then
   echo "[setup] building the native kernels" >&2

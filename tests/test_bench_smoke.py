@@ -29,7 +29,7 @@ def test_bench_quick_runs_every_section(tmp_path, capsys):
     for expect in ("decode int4 g32 asym", "decode nvfp4", "gguf Q4_0 vs int4 g32 sym (offset_binary, fp16 scale)",
                    "gguf Q8_0 vs int8 g32", "gguf MXFP4 vs mxfp4", "nf4 vs bitsandbytes", "nf4 vs torchao",
                    "load to bf16 (warm page cache)", "load to bf16 (cold page cache)", "qformat check",
-                   "decode memory", "scaling"):
+                   "decode memory", "scaling", "libqformat"):
         assert expect in sections, expect
     timed = [r for r in res["rows"] if "ms" in r]
     assert all(r["ms"] > 0 for r in timed)

@@ -351,6 +351,11 @@ def test_kernel_checks_its_arguments():
         kernels.fused(codes, 8, 4, 16, 2, bt, [ok], out.view(np.float32)[:, ::2], 0)  # not contiguous
 
 
+#: The C sources of an extension built from more than its own file (setup.py's SOURCES): the decode
+#: wrapper compiles libqformat's fused kernel.
+_SOURCES = {"_native": ["qformat/kernels/_native.c", "libqformat/src/kernel.c"]}
+
+
 def _sanitized_build(name: str, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """qformat/kernels/``name``.c built with -fsanitize=address,undefined (any report aborts),
     and the environment that preloads the sanitizer runtimes; skips without a compiler or ASan."""
@@ -364,7 +369,8 @@ def _sanitized_build(name: str, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     so = tmp_path / (name + sysconfig.get_config_var("EXT_SUFFIX"))
     build = subprocess.run([cc, "-O1", "-g", "-std=c11", "-ffp-contract=off", "-fno-omit-frame-pointer",
                             "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-shared", "-fPIC",
-                            "-I" + sysconfig.get_paths()["include"], str(ROOT / f"qformat/kernels/{name}.c"), "-o", str(so)],
+                            "-I" + sysconfig.get_paths()["include"], "-I" + str(ROOT / "libqformat/src"),
+                            *[str(ROOT / s) for s in _SOURCES.get(name, [f"qformat/kernels/{name}.c"])], "-o", str(so)],
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     env = dict(os.environ, LD_PRELOAD=" ".join(p for p in (asan, ubsan) if os.path.isabs(p)),

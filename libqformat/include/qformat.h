@@ -101,6 +101,133 @@ qf_status qf_decode_rows(const qf_file *f, size_t i, uint64_t row0, uint64_t nro
 /* A plain tensor's stored bytes (inside the file's memory; valid until qf_close). */
 qf_status qf_plain_bytes(const qf_file *f, size_t i, const void **data, size_t *nbytes, qf_error *err);
 
+/* ---- Raw components (SPEC.md 4.2, 6-10): for engines that run their own kernels ----
+ *
+ * A quantized tensor's stored pieces (packed codes, scales, zero points, biases, group indexes,
+ * in-file codebooks, and the components of encoded parameters) are stored tensors of the file:
+ * qf_tensor_component() maps a role path to a stored tensor index, qf_stored_info() hands out
+ * that tensor's dtype, shape and bytes (inside the file's memory, valid until qf_close), and
+ * qf_tensor_quant() gives the parsed element, packing and parameter members a kernel needs, so
+ * that an engine need not parse JSON.  qf_tensor_descriptor() gives the descriptor itself.
+ *
+ * What these calls do not do: decode-time refusals (SPEC.md 10.6) and payload checks (12.4:
+ * padding, non-finite or zero divisor parameters, group index range, codebook range) are not
+ * applied to raw components; an engine that needs them runs qf_check() first, or decodes.
+ * Example: examples/c/matvec.c computes y = W x from the raw int4 codes and scales, bit for
+ * bit equal to y computed from qf_decode()'s float32 weights. */
+
+/* The logical tensor i's descriptor as JSON text: the value its name maps to in the file's
+ * qformat object "tensors" member, re-serialized at open in a canonical form: no whitespace,
+ * object members in the file's order (never sorted), strings as UTF-8 with only the escapes
+ * JSON requires (\" \\ \b \f \n \r \t, other control characters as \u00XX), integer literals
+ * exactly as written (sign and magnitude; below 2^64), and every other number (a fraction or
+ * exponent, or an integer of 2^64 or more) as the shortest text that reads back as the same
+ * binary64 value, with ".0" added where that text would read as an integer (2.0 stays 2.0;
+ * 1e2 is written 100.0).
+ *   f: an open file; i: an exposed tensor index (< qf_tensor_count(f)).
+ *   json, len: receive the text (not NUL-terminated; use len) owned by the file, valid until
+ *     qf_close(f); both may be written even when a status other than QF_OK is returned.
+ *   Returns QF_OK; QF_E_TENSOR_NOT_FOUND when i is out of range or tensor i is a plain tensor;
+ *   for a logical tensor the file refuses, the tensor's own refusal code (as qf_tensor_info()
+ *   does), with json and len still filled, so that tools can show what was refused. */
+qf_status qf_tensor_descriptor(const qf_file *f, size_t i, const char **json, size_t *len, qf_error *err);
+
+/* The stored tensor that fills role `role` of logical tensor i: *stored_index is an index for
+ * qf_stored_info() (< qf_stored_count(f)).
+ *   role: a NUL-terminated reference path of SPEC.md 4.2, optionally under "ROLE.encoded."
+ *     prefixes for nested descriptors (9.3), ROLE being zero, scale or bias:
+ *       "codes.tensor"                 packed codes (7)          short form "codes"
+ *       "codes.element.table_tensor"   an in-file codebook (6.4)
+ *       "ROLE.tensor"                  plain parameter values (9.2)   short form "ROLE"
+ *       "ROLE.blocks.index.tensor"     a group index (8.2)       short form "ROLE.blocks.index"
+ *     for example "scale", "zero.tensor", "scale.blocks.index.tensor", "scale.encoded.codes",
+ *     "scale.encoded.scale", "bias.encoded.zero.encoded.codes.tensor".
+ *   Returns QF_OK; QF_E_TENSOR_NOT_FOUND when i is out of range, tensor i is plain, role is NULL
+ *   or not a path of this form (the message says so), or the descriptor has no component at
+ *   that place (no such parameter, an encoded parameter asked for its "ROLE" tensor, no group
+ *   index, a built-in codebook); the tensor's own refusal code when the file refuses tensor i;
+ *   with verify_digests (qf_open_options), DIGEST_MISMATCH / DIGEST_UNSUPPORTED as qf_decode()
+ *   reports them (every stored tensor of tensor i is verified, on every call). */
+qf_status qf_tensor_component(const qf_file *f, size_t i, const char *role, size_t *stored_index, qf_error *err);
+
+typedef enum qf_element_type { QF_ELEMENT_INT = 0, QF_ELEMENT_FLOAT = 1, QF_ELEMENT_CODEBOOK = 2 } qf_element_type;
+typedef enum qf_signedness {
+    QF_SIGNEDNESS_UNSIGNED = 0, QF_SIGNEDNESS_TWOS_COMPLEMENT = 1, QF_SIGNEDNESS_OFFSET_BINARY = 2
+} qf_signedness;
+/* The step of SPEC.md 10.1 a parameter performs: x = x - v, x * v, x / v, x + v (one binary32
+ * operation each, 10.2).  A zero point always subtracts. */
+typedef enum qf_param_op { QF_PARAM_SUBTRACT = 0, QF_PARAM_MULTIPLY = 1, QF_PARAM_DIVIDE = 2, QF_PARAM_ADD = 3 } qf_param_op;
+
+/* One parameter (SPEC.md 8, 9) of a descriptor, as qf_tensor_quant() reports it. */
+typedef struct qf_param_info {
+    int present;              /* 0: the descriptor has no parameter of this role (other members 0) */
+    qf_param_op op;
+    int encoded;              /* 1: the values are a nested descriptor: qf_tensor_quant() with prefix
+                                 "ROLE.encoded", components "ROLE.encoded.codes" etc.;
+                                 0: a plain tensor, component "ROLE" */
+    const char *dtype;        /* plain: the component's storage dtype ("F32", "F16", "I8", ...); encoded: NULL */
+    int flat;                 /* 1: flat blocks of flat_size elements of the row-major flattened tensor (8.3) */
+    uint64_t flat_size;
+    size_t grid_rank;         /* rank of the grid G: the tensor's rank (grid blocks) or 1 (flat) */
+    uint64_t grid[QF_MAX_RANK];  /* G: cells per axis (8.1-8.3) */
+    uint64_t block[QF_MAX_RANK]; /* grid blocks: the size s_a of axis a, 0 where the file says null
+                                    (one block spans the axis); cell g_a = floor(i_a / s_a) */
+    int has_index;            /* 1: along index_axis the cell is read from the group index
+                                 component "ROLE.blocks.index" (8.2), index_count cells */
+    size_t index_axis;
+    uint64_t index_count;
+    int has_order;            /* plain: the component holds G permuted by order (9.2); 0: identity */
+    unsigned order[QF_MAX_RANK];
+} qf_param_info;
+
+/* The parsed descriptor members a kernel needs (SPEC.md 5-9), exact: nothing is derived beyond
+ * what the spec defines (stream/slots, row_length, words_per_row). */
+typedef struct qf_quant_info {
+    size_t struct_size;       /* in: sizeof(qf_quant_info) as the caller compiled it (0: the current
+                                 size); only that many bytes are written */
+    const char *dtype;        /* the descriptor's logical dtype: "float32", "float16", "bfloat16" */
+    size_t rank;
+    uint64_t shape[QF_MAX_RANK];
+    /* element (6) */
+    qf_element_type element;
+    unsigned bits;            /* b: bits per code, 1..8 */
+    qf_signedness signedness; /* int */
+    unsigned code_offset;     /* int: k, u' = (u + k) mod 2^b */
+    unsigned frac_bits;       /* int: f, e = v * 2^-f */
+    const char *float_format; /* float: "e4m3fn", "e5m2", "e2m3fn", "e3m2fn", "e2m1fn", "e8m0fnu"; else NULL */
+    const char *codebook;     /* codebook: the built-in table's name ("nf4", ...), or NULL when the
+                                 table is the component "codes.element.table_tensor" */
+    /* packing (7) of the component "codes", whose storage dtype is codes_dtype */
+    const char *codes_dtype;
+    unsigned container;       /* c: 8, 16 or 32 bits, little-endian */
+    int msb_first;            /* bit_order: 0 lsb_first, 1 msb_first */
+    int axis;                 /* the storage axis rows run along, or -1 for null (one row, 7.4) */
+    int has_order;            /* storage order (7.3): stored grid = transpose(logical, order) */
+    unsigned order[QF_MAX_RANK];
+    int stream;               /* 1: stream arrangement (7.6); 0: slot arrangement (7.7) */
+    unsigned slots;           /* slot arrangement: n = floor(c / b) codes per container; stream: 0 */
+    int has_slot_order;       /* slot s holds position q*n + slot_order[s] (7.7); 0: identity */
+    unsigned slot_order[32];
+    uint64_t planes_span;     /* T of planes (7.8), 0 without planes */
+    uint64_t row_alignment;   /* k (7.9), 1 when absent */
+    uint64_t row_length;      /* L: codes per row (S'[axis], or numel for axis null) */
+    uint64_t words_per_row;   /* W: containers per row, alignment included */
+    /* parameters, in the order 10.1 applies them */
+    qf_param_info zero, scale, bias;
+    const char *layout;       /* "canonical", or a device layout (11) whose arrangement the
+                                 components hold: an engine that knows only canonical refuses it */
+    int allow_nonfinite_params;
+} qf_quant_info;
+
+/* The parsed members of logical tensor i's descriptor (prefix NULL or "") or of a nested
+ * descriptor of one of its encoded parameters (prefix "ROLE.encoded", repeated for deeper
+ * levels: "scale.encoded.zero.encoded"; a trailing '.' is accepted).
+ *   out: written up to out->struct_size bytes (set it first); names are owned by the file,
+ *     valid until qf_close(f).
+ *   Returns QF_OK; QF_E_TENSOR_NOT_FOUND when i is out of range, tensor i is plain, or the prefix
+ *   names no encoded parameter; the tensor's own refusal code when the file refuses tensor i. */
+qf_status qf_tensor_quant(const qf_file *f, size_t i, const char *prefix, qf_quant_info *out, qf_error *err);
+
 /* Raw access to any stored tensor (components included), by header name. */
 size_t qf_stored_count(const qf_file *f);
 qf_status qf_stored_info(const qf_file *f, size_t j, const char **name, size_t *name_len, const char **dtype,

@@ -11,6 +11,8 @@
 #include "internal.h"
 #include "sha256.h"
 
+static void serialize_descriptors(qf_file *f);
+
 const char *qf_status_code(qf_status s) { return (unsigned)s < QF_STATUS_COUNT ? qf_status_names[s] : "UNKNOWN"; }
 const char *qf_status_category(qf_status s) { return (unsigned)s < QF_STATUS_COUNT ? qf_status_categories[s] : ""; }
 qf_status qf_status_from_code(const char *code) {
@@ -60,6 +62,7 @@ static qf_status open_bytes(const void *data, size_t size, const qf_open_options
         return s;
     }
     s = qf_interpret(f, err);
+    serialize_descriptors(f);
     if (s && !keep && !f->opts.keep_refused) { free_file(f); return s; }
     if (s) f->refused = s;
     *out = f;
@@ -168,7 +171,6 @@ qf_status qf_tensor_info(const qf_file *f, size_t i, struct qf_tensor_info *out,
             out->nbytes = out->numel * (d->dtype ? 2 : 4);
             out->element = d->el_type == QF_EL_INT ? "int" : d->el_type == QF_EL_FLOAT ? "float" : "codebook";
             out->bits = d->bits;
-            out->scheme = d->has_scheme ? d->scheme.p : NULL; /* not NUL-terminated when escaped: see scheme text */
             out->layout = d->layout == QF_LAYOUT_CANONICAL ? "canonical" : d->layout == QF_LAYOUT_TINYGEMM ? "tinygemm_int4_cuda"
                         : d->layout == QF_LAYOUT_MARLIN ? "marlin_dense" : "unknown";
             out->has_zero = d->p[0].present;
@@ -177,7 +179,7 @@ qf_status qf_tensor_info(const qf_file *f, size_t i, struct qf_tensor_info *out,
             int e = qf_find_entry(f, d->codes_tensor);
             out->codes_tensor = e >= 0 ? f->entries[e].name.p : NULL;
             out->stored_dtype = e >= 0 ? qf_dtypes[f->entries[e].dtype].name : NULL;
-            out->scheme = NULL;
+            out->scheme = f->logical[x->logical].scheme; /* NUL-terminated copy made at open */
         }
     } else {
         const qf_entry *e = &f->entries[x->entry];
@@ -310,21 +312,7 @@ static qf_status decode_impl(const qf_file *f, size_t i, int whole, uint64_t row
         return QF_E_SLICE_INVALID;
     }
     if (count == 0) return QF_OK; /* an empty tensor reads no component value (8.2, 10.6) */
-    float *tmp = dt == QF_OUT_FLOAT32 ? (float *)dst : (float *)malloc((size_t)count * sizeof(float));
-    if (!tmp) { qf_set_error(err, QF_E_SHAPE_UNREPRESENTABLE, "out of memory"); return QF_E_SHAPE_UNREPRESENTABLE; }
-    s = qf_decode_desc(f, d, row0, nrows, tmp, x->name, err);
-    if (!s) {
-        for (uint64_t k = 0; k < count; k++) {
-            float v = qf_round_to(tmp[k], d->dtype); /* 10.3: the logical dtype's value */
-            if (dt == QF_OUT_FLOAT32) ((float *)dst)[k] = v;
-            else {
-                uint16_t h = dt == QF_OUT_FLOAT16 ? qf_f32_to_f16(v) : qf_f32_to_bf16(v);
-                memcpy((unsigned char *)dst + 2 * k, &h, 2);
-            }
-        }
-    }
-    if ((void *)tmp != dst) free(tmp);
-    return s;
+    return qf_decode_into(f, d, row0, nrows, (int)dt, dst, x->name, err);
 }
 
 qf_status qf_decode(const qf_file *f, size_t i, qf_out_dtype dt, void *dst, size_t dst_bytes, qf_error *err) {
@@ -434,7 +422,27 @@ qf_status qf_check_memory(const void *data, size_t size, unsigned flags, qf_prob
         qf_prob p;
         memset(&p, 0, sizeof p);
         p.status = s;
-        snprintf(p.message, sizeof p.message, "%.390s", e.message);
+        /* the error's "tensor \"NAME\": " and "field NAME: " prefixes become the problem's tensor and field */
+        const char *m = e.message;
+        char tname[256] = "";
+        if (m[0] == '[' && strstr(m, "] ")) m = strstr(m, "] ") + 2; /* "[CODE] " of a file-scope problem */
+        if (!strncmp(m, "tensor \"", 8)) {
+            const char *q = strstr(m + 8, "\": ");
+            if (q && (size_t)(q - (m + 8)) < sizeof tname) {
+                memcpy(tname, m + 8, (size_t)(q - (m + 8)));
+                tname[q - (m + 8)] = 0;
+                p.tensor = tname;
+                m = q + 3;
+            }
+        }
+        if (!strncmp(m, "field ", 6)) {
+            const char *q = strstr(m + 6, ": ");
+            if (q && (size_t)(q - (m + 6)) < sizeof p.field && !memchr(m + 6, ' ', (size_t)(q - (m + 6)))) {
+                memcpy(p.field, m + 6, (size_t)(q - (m + 6)));
+                m = q + 2;
+            }
+        }
+        snprintf(p.message, sizeof p.message, "%.390s", m);
         emit(cb, user, &p, &first);
         free_file(f);
         if (err) {
@@ -446,4 +454,295 @@ qf_status qf_check_memory(const void *data, size_t size, unsigned flags, qf_prob
     s = check_file(f, flags, cb, user, err);
     free_file(f);
     return s;
+}
+
+/* ---- raw components (qformat.h: qf_tensor_descriptor, qf_tensor_component, qf_tensor_quant) ---- */
+typedef struct jbuf { char *p; size_t n, cap; int oom; } jbuf;
+
+static void jb_put(jbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n) cap *= 2;
+        char *p = (char *)realloc(b->p, cap);
+        if (!p) { b->oom = 1; return; }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+}
+static void jb_z(jbuf *b, const char *s) { jb_put(b, s, strlen(s)); }
+
+static void jb_string(jbuf *b, qf_str s) {
+    jb_put(b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < s.n; i++) {
+        unsigned char c = (unsigned char)s.p[i];
+        const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b" : c == '\f' ? "\\f" : c == '\n' ? "\\n"
+                      : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
+        if (!e && c >= 0x20) continue;
+        jb_put(b, s.p + run, i - run);
+        run = i + 1;
+        if (e) jb_z(b, e);
+        else {
+            char u[8];
+            snprintf(u, sizeof u, "\\u%04x", c);
+            jb_z(b, u);
+        }
+    }
+    jb_put(b, s.p + run, s.n - run);
+    jb_put(b, "\"", 1);
+}
+
+/* qformat.h's number rule: integer literals exactly, other values as the shortest binary64 text */
+static void jb_number(jbuf *b, const qj *v) {
+    char t[48];
+    if (v->int_lit && !v->huge) {
+        snprintf(t, sizeof t, "%s%llu", v->neg ? "-" : "", (unsigned long long)v->mag);
+        jb_z(b, t);
+        return;
+    }
+    if (v->d != v->d || v->d - v->d != 0) { /* a literal beyond binary64's range reads as infinity */
+        jb_z(b, v->d < 0 ? "-1e999" : "1e999");
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(t, sizeof t, "%.*g", prec, v->d);
+        if (strtod(t, NULL) == v->d) break;
+    }
+    jb_z(b, t);
+    if (!strpbrk(t, ".e")) jb_z(b, ".0");
+}
+
+static void jb_value(jbuf *b, const qj *v) {
+    switch (v->t) {
+    case QJ_NULL: jb_z(b, "null"); break;
+    case QJ_BOOL: jb_z(b, v->b ? "true" : "false"); break;
+    case QJ_NUM: jb_number(b, v); break;
+    case QJ_STR: jb_string(b, v->s); break;
+    case QJ_ARR:
+        jb_put(b, "[", 1);
+        for (size_t k = 0; k < v->n; k++) {
+            if (k) jb_put(b, ",", 1);
+            jb_value(b, v->items[k]);
+        }
+        jb_put(b, "]", 1);
+        break;
+    case QJ_OBJ:
+        jb_put(b, "{", 1);
+        for (size_t k = 0; k < v->n; k++) {
+            if (k) jb_put(b, ",", 1);
+            jb_string(b, v->keys[k]);
+            jb_put(b, ":", 1);
+            jb_value(b, v->items[k]);
+        }
+        jb_put(b, "}", 1);
+        break;
+    }
+}
+
+/* at open: every logical tensor's descriptor text, in the file's arena (the file stays immutable) */
+static void serialize_descriptors(qf_file *f) {
+    jbuf b = {0};
+    for (size_t i = 0; i < f->nlogical; i++) {
+        qf_logical *L = &f->logical[i];
+        if (!L->raw) continue;
+        b.n = 0;
+        jb_value(&b, L->raw);
+        if (b.oom) break;
+        char *p = (char *)qf_arena_alloc(&f->arena, b.n + 1);
+        if (!p) break;
+        memcpy(p, b.p, b.n);
+        L->json = p;
+        L->json_len = b.n;
+        if (L->desc && L->desc->has_scheme) {
+            char *z = (char *)qf_arena_alloc(&f->arena, L->desc->scheme.n + 1);
+            if (z) memcpy(z, L->desc->scheme.p, L->desc->scheme.n);
+            L->scheme = z;
+        }
+    }
+    free(b.p);
+}
+
+static qf_status logical_at(const qf_file *f, size_t i, const qf_exposed **xo, const qf_logical **Lo, qf_error *err) {
+    if (!f || i >= f->nexposed) { qf_set_error(err, QF_E_TENSOR_NOT_FOUND, "no tensor %zu", i); return QF_E_TENSOR_NOT_FOUND; }
+    const qf_exposed *x = &f->exposed[i];
+    if (x->logical < 0) {
+        qf_set_error(err, QF_E_TENSOR_NOT_FOUND, "tensor \"%.*s\" is a plain tensor: it has no descriptor or components (read it with qf_plain_bytes)",
+                     (int)(x->name.n > 100 ? 100 : x->name.n), x->name.p);
+        return QF_E_TENSOR_NOT_FOUND;
+    }
+    *xo = x;
+    *Lo = &f->logical[x->logical];
+    return QF_OK;
+}
+
+qf_status qf_tensor_descriptor(const qf_file *f, size_t i, const char **json, size_t *len, qf_error *err) {
+    clear_err(err);
+    const qf_exposed *x;
+    const qf_logical *L;
+    qf_status s = logical_at(f, i, &x, &L, err);
+    if (s) return s;
+    if (!L->json) { qf_set_error(err, QF_E_SHAPE_UNREPRESENTABLE, "out of memory for the descriptor text"); return QF_E_SHAPE_UNREPRESENTABLE; }
+    if (json) *json = L->json;
+    if (len) *len = L->json_len;
+    return refusal(f, x, err);
+}
+
+static const char *const ROLE_NAME[3] = {"zero", "scale", "bias"};
+
+/* consume "ROLE.encoded" steps ("." between and after them); NULL with a message when a step
+ * names no encoded parameter */
+static const qf_desc *walk_encoded(const qf_desc *d, const char **path, char *why, size_t whyn) {
+    for (;;) {
+        const char *p = *path;
+        int hit = -1;
+        size_t len = 0;
+        for (int r = 0; r < 3 && hit < 0; r++) {
+            len = strlen(ROLE_NAME[r]);
+            if (!strncmp(p, ROLE_NAME[r], len) && !strncmp(p + len, ".encoded", 8) && (p[len + 8] == '.' || p[len + 8] == 0)) hit = r;
+        }
+        if (hit < 0) return d;
+        if (!d->p[hit].present || !d->p[hit].encoded) {
+            snprintf(why, whyn, "the descriptor has no encoded parameter '%s' at \"%.*s\"", ROLE_NAME[hit], (int)(len + 8), p);
+            return NULL;
+        }
+        d = d->p[hit].encoded;
+        p += len + 8;
+        if (*p == '.') p++;
+        *path = p;
+    }
+}
+
+static int is_one_of(const char *s, const char *a, const char *b) { return !strcmp(s, a) || !strcmp(s, b); }
+
+qf_status qf_tensor_component(const qf_file *f, size_t i, const char *role, size_t *stored_index, qf_error *err) {
+    clear_err(err);
+    const qf_exposed *x;
+    const qf_logical *L;
+    qf_status s = logical_at(f, i, &x, &L, err);
+    if (s) return s;
+    if ((s = refusal(f, x, err))) return s;
+    if (!role) { qf_set_error(err, QF_E_TENSOR_NOT_FOUND, "no role path given"); return QF_E_TENSOR_NOT_FOUND; }
+    char why[200] = "";
+    const char *rest = role;
+    const qf_desc *d = walk_encoded(L->desc, &rest, why, sizeof why);
+    qf_str name = {0, 0};
+    int found = 0, known = 1;
+    if (d) {
+        if (is_one_of(rest, "codes", "codes.tensor")) name = d->codes_tensor, found = 1;
+        else if (!strcmp(rest, "codes.element.table_tensor")) {
+            if (d->has_table_tensor) name = d->table_tensor, found = 1;
+            else snprintf(why, sizeof why, "the element has no in-file codebook (table_tensor)");
+        } else {
+            known = 0;
+            for (int r = 0; r < 3 && !known; r++) {
+                size_t n = strlen(ROLE_NAME[r]);
+                if (strncmp(rest, ROLE_NAME[r], n) || (rest[n] != 0 && rest[n] != '.')) continue;
+                const char *tail = rest + n;
+                const qf_param *p = &d->p[r];
+                if (is_one_of(tail, "", ".tensor")) {
+                    known = 1;
+                    if (p->present && p->has_tensor) name = p->tensor, found = 1;
+                    else snprintf(why, sizeof why, p->present ? "the parameter '%s' is encoded: its components are \"%s.encoded.codes\" etc."
+                                                              : "the descriptor has no parameter '%s'%.0s", ROLE_NAME[r], ROLE_NAME[r]);
+                } else if (is_one_of(tail, ".blocks.index", ".blocks.index.tensor")) {
+                    known = 1;
+                    if (p->present && p->has_index) name = p->index_tensor, found = 1;
+                    else snprintf(why, sizeof why, "the descriptor has no group index for '%s'", ROLE_NAME[r]);
+                }
+            }
+            if (!known) snprintf(why, sizeof why, "not a reference path of SPEC.md 4.2 (codes, codes.element.table_tensor, ROLE, ROLE.blocks.index, ROLE.encoded.PATH)");
+        }
+    }
+    int e = found ? qf_find_entry(f, name) : -1;
+    if (e < 0) {
+        qf_set_error(err, QF_E_TENSOR_NOT_FOUND, "tensor \"%.*s\" has no component \"%.80s\": %s", (int)(x->name.n > 100 ? 100 : x->name.n),
+                     x->name.p, role, why[0] ? why : "the stored tensor is missing");
+        return QF_E_TENSOR_NOT_FOUND;
+    }
+    if ((s = verify_exposed(f, x, err))) return s;
+    if (stored_index) *stored_index = (size_t)e;
+    return QF_OK;
+}
+
+static void param_info(const qf_file *f, const qf_desc *d, const qf_param *p, qf_param_info *o) {
+    memset(o, 0, sizeof *o);
+    if (!p->present) return;
+    o->present = 1;
+    o->op = (qf_param_op)p->op;
+    o->encoded = p->encoded != NULL;
+    if (p->has_tensor) {
+        int e = qf_find_entry(f, p->tensor);
+        o->dtype = e >= 0 ? qf_dtypes[f->entries[e].dtype].name : NULL;
+    }
+    o->flat = p->flat;
+    o->flat_size = p->flat_size;
+    qf_grid_shape(p, d, o->grid, &o->grid_rank); /* validated at open: no overflow */
+    for (size_t a = 0; !p->flat && a < p->nsize && a < QF_MAX_RANK; a++) o->block[a] = p->size[a];
+    o->has_index = p->has_index;
+    o->index_axis = p->index_axis;
+    o->index_count = p->index_count;
+    o->has_order = p->has_order;
+    for (size_t a = 0; p->has_order && a < p->norder && a < QF_MAX_RANK; a++) o->order[a] = p->order[a];
+}
+
+qf_status qf_tensor_quant(const qf_file *f, size_t i, const char *prefix, qf_quant_info *out, qf_error *err) {
+    clear_err(err);
+    const qf_exposed *x;
+    const qf_logical *L;
+    qf_status s = logical_at(f, i, &x, &L, err);
+    if (s) return s;
+    if ((s = refusal(f, x, err))) return s;
+    char why[200] = "";
+    const char *rest = prefix ? prefix : "";
+    const qf_desc *d = walk_encoded(L->desc, &rest, why, sizeof why);
+    if (d && *rest) snprintf(why, sizeof why, "\"%.80s\" is not a prefix ROLE.encoded[.ROLE.encoded...]", prefix), d = NULL;
+    if (!d) {
+        qf_set_error(err, QF_E_TENSOR_NOT_FOUND, "tensor \"%.*s\": %s", (int)(x->name.n > 100 ? 100 : x->name.n), x->name.p, why);
+        return QF_E_TENSOR_NOT_FOUND;
+    }
+    qf_quant_info *q = (qf_quant_info *)calloc(1, sizeof *q);
+    if (!q) { qf_set_error(err, QF_E_SHAPE_UNREPRESENTABLE, "out of memory"); return QF_E_SHAPE_UNREPRESENTABLE; }
+    q->struct_size = sizeof *q;
+    q->dtype = LOGICAL_DT[d->dtype];
+    q->rank = d->rank;
+    uint64_t numel = 1;
+    for (size_t a = 0; a < d->rank && a < QF_MAX_RANK; a++) q->shape[a] = d->shape[a], numel *= d->shape[a];
+    q->element = (qf_element_type)d->el_type;
+    q->bits = d->bits;
+    q->signedness = (qf_signedness)d->signedness;
+    q->code_offset = d->code_offset;
+    q->frac_bits = d->frac_bits;
+    q->float_format = d->el_type == QF_EL_FLOAT ? qf_float_formats[d->fmt].name : NULL;
+    q->codebook = d->el_type == QF_EL_CODEBOOK && d->table >= 0 ? qf_codebooks[d->table].name : NULL;
+    int e = qf_find_entry(f, d->codes_tensor);
+    q->codes_dtype = e >= 0 ? qf_dtypes[f->entries[e].dtype].name : NULL;
+    q->container = d->container;
+    q->msb_first = !d->lsb;
+    q->axis = d->axis_null ? -1 : (int)d->axis;
+    q->has_order = d->has_order;
+    for (size_t a = 0; d->has_order && a < d->norder && a < QF_MAX_RANK; a++) q->order[a] = d->order[a];
+    q->stream = !qf_uses_slots(d);
+    q->slots = q->stream ? 0 : d->container / d->bits;
+    q->has_slot_order = d->has_slot_order;
+    for (size_t k = 0; d->has_slot_order && k < d->nslot && k < 32; k++) q->slot_order[k] = d->slot_order[k];
+    q->planes_span = d->has_planes ? d->planes_span : 0;
+    q->row_alignment = d->row_alignment;
+    if (d->axis_null) q->row_length = numel;
+    else q->row_length = d->shape[d->has_order ? d->order[d->axis] : d->axis];
+    int of = 0;
+    q->words_per_row = qf_words_per_row(d, q->row_length, 1, &of);
+    param_info(f, d, &d->p[QF_ROLE_ZERO], &q->zero);
+    param_info(f, d, &d->p[QF_ROLE_SCALE], &q->scale);
+    param_info(f, d, &d->p[QF_ROLE_BIAS], &q->bias);
+    q->layout = d->layout == QF_LAYOUT_CANONICAL ? "canonical" : d->layout == QF_LAYOUT_TINYGEMM ? "tinygemm_int4_cuda"
+              : d->layout == QF_LAYOUT_MARLIN ? "marlin_dense" : "unknown";
+    q->allow_nonfinite_params = d->allow_nonfinite;
+    size_t n = out->struct_size == 0 || out->struct_size > sizeof *q ? sizeof *q : out->struct_size;
+    memcpy(out, q, n);
+    if (n >= sizeof(size_t)) out->struct_size = n;
+    free(q);
+    return QF_OK;
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include "internal.h"
 #include "sha256.h"
+#include "kernel.h"
 
 #if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD != 0
 #error "libqformat needs FLT_EVAL_METHOD == 0 (binary32 operations evaluated in binary32)"
@@ -324,6 +325,23 @@ static void strides_of(const uint64_t *s, size_t r, uint64_t *st) {
     }
 }
 
+/* per grid axis, how far one cell along it moves in the parameter's values: row-major strides of
+ * the grid as stored (its `order` applied; an encoded parameter's values are in grid order) */
+static void cell_coefficients(const qf_param *p, const uint64_t *grid, size_t gr, uint64_t *pcoef) {
+    if (p->encoded) {
+        strides_of(grid, gr, pcoef);
+        return;
+    }
+    uint64_t sg[64], pst[64];
+    unsigned ord[64];
+    for (size_t j = 0; j < gr; j++) {
+        ord[j] = p->has_order ? p->order[j] : (unsigned)j;
+        sg[j] = grid[ord[j]];
+    }
+    strides_of(sg, gr, pst);
+    for (size_t j = 0; j < gr; j++) pcoef[ord[j]] = pst[j];
+}
+
 /* the codes of rows [r0, r1) (axis 0; rank 0: the one element), row-major; used: padding map */
 static qf_status read_codes(const qf_file *f, const qf_desc *d, uint64_t r0, uint64_t r1, unsigned char *out, unsigned char *used) {
     int ei = qf_find_entry(f, d->codes_tensor);
@@ -395,6 +413,406 @@ static qf_status read_codes(const qf_file *f, const qf_desc *d, uint64_t r0, uin
         }
     }
     return QF_OK;
+}
+
+/* ------------------------------------------------------------------ the fused kernel (kernel.c) */
+/* Where the kernel covers a decode (canonical layout, rank >= 1, elements of at most 8 bits),
+ * the decode is planned as qformat/decode.py plans it for the same kernel: the codes as rows of
+ * packed bytes (byte containers with 1, 2, 4 or 8 whole codes per byte, planes included) or else
+ * unpacked one per byte; a 256-entry byte table; each parameter's cells as CONST / BLOCK / FLAT
+ * / COLS over the rows' own cells; a two-level parameter's rows decoded first (the same way, or
+ * by the general path).  Only the bytes of the requested rows are read (SPEC.md 8.4).  Anything
+ * else -- and any error, which the general path then reports with its own message -- takes the
+ * general path below, which is also the reference the kernel's bits are tested against.
+ * Nothing here is shared between calls: threads may decode rows of one file at once. */
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
+#define QF_FAST_LE (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
+#elif defined(_M_X64) || defined(_M_IX86) || defined(_M_ARM64)
+#define QF_FAST_LE 1
+#else
+#define QF_FAST_LE 0 /* the kernel reads parameter values in host order */
+#endif
+
+enum { FAST_OK = 0, FAST_NO = 1 };
+/* a float32 output from this many bytes per call is written with non-temporal stores where the kernel can */
+#define QF_STREAM_FROM ((size_t)16 << 20)
+
+/* a decode's scratch: grown as needed and kept from one chunk to the next (one allocation per
+ * buffer per call, whatever the number of chunks), owned by the call (no state is shared) */
+typedef struct fast_mem {
+    void *rowoff[3], *colidx[3], *gidx[3], *vals[3], *bt, *codes;
+    size_t cap_rowoff[3], cap_colidx[3], cap_gidx[3], cap_vals[3], cap_bt, cap_codes;
+} fast_mem;
+
+static void *fast_grow(void **p, size_t *cap, size_t need) {
+    if (need > *cap) {
+        void *q = realloc(*p, need ? need : 1);
+        if (!q) return NULL;
+        *p = q;
+        *cap = need;
+    }
+    return *p;
+}
+#define FAST_GROW(m, name, k, n, T) ((T *)fast_grow(&(m)->name[k], &(m)->cap_##name[k], (size_t)(n) * sizeof(T)))
+#define FAST_GROW1(m, name, n, T) ((T *)fast_grow(&(m)->name, &(m)->cap_##name, (size_t)(n) * sizeof(T)))
+
+static void fast_free(fast_mem *m) {
+    for (int k = 0; k < 3; k++) { free(m->rowoff[k]); free(m->colidx[k]); free(m->gidx[k]); free(m->vals[k]); }
+    free(m->bt);
+    free(m->codes);
+}
+
+/* the region: R rows of C values; the first row is row g0 of all rows of Cfull values, its first column c0 */
+typedef struct fast_geo { uint64_t R, C, Cfull, c0, g0, r0, r1; } fast_geo;
+
+/* values per chunk of a large decode: each chunk's temporaries (unpacked codes, two-level
+ * parameter values, row offsets) stay small and in cache */
+#define QF_CHUNK_VALUES ((uint64_t)1 << 18)
+
+static int fast_rows(const qf_file *f, const qf_desc *d, uint64_t r0, uint64_t r1, int outkind, void *out, size_t depth);
+static qf_status decode_rows_depth(const qf_file *f, const qf_desc *d, uint64_t r0, uint64_t r1, float *x, size_t depth,
+                                   qf_str tensor, qf_error *err);
+
+/* one parameter for the kernel: cells of the region's rows, values widened only where needed */
+static int fast_param(const qf_file *f, const qf_desc *d, const qf_param *p, const fast_geo *g, qfk_param *kp, size_t *vlen,
+                      size_t *ncol, fast_mem *m, int slot, size_t depth) {
+    size_t rank = d->rank, L = rank - 1;
+    uint64_t grid[64], pcoef[64];
+    size_t gr = 0;
+    if (qf_grid_shape(p, d, grid, &gr) || gr == 0) return FAST_NO;
+    int64_t *ro = FAST_GROW(m, rowoff, slot, g->R, int64_t);
+    if (!ro) return FAST_NO;
+    kp->op = p->op == QF_OP_SUB ? QFK_OP_SUB : p->op == QF_OP_MUL ? QFK_OP_MUL : p->op == QF_OP_DIV ? QFK_OP_DIV : QFK_OP_ADD;
+    kp->colidx = NULL;
+    *ncol = 0;
+    if (p->flat) {
+        for (uint64_t k = 0; k < g->R; k++) ro[k] = (int64_t)((g->g0 + k) * g->Cfull + g->c0);
+        kp->mode = QFK_MODE_FLAT;
+        kp->a = 0;
+        kp->b = (int64_t)p->flat_size;
+    } else {
+        cell_coefficients(p, grid, gr, pcoef);
+        /* a group index: the positions the region uses, range-checked (else the general path reports it) */
+        const int64_t *gidx = NULL;
+        uint64_t glo = 0;
+        unsigned ax = p->index_axis;
+        if (p->has_index) {
+            int ei = qf_find_entry(f, p->index_tensor);
+            if (ei < 0 || ax >= rank) return FAST_NO;
+            const qf_entry *e = &f->entries[ei];
+            uint64_t ghi;
+            if (ax == L) { glo = g->c0; ghi = g->c0 + g->C; }
+            else if (ax == 0) { glo = g->r0; ghi = g->r1; }
+            else { glo = 0; ghi = d->shape[ax]; }
+            if (ghi > (e->end - e->begin) / dt_bytes(e->dtype)) return FAST_NO;
+            int64_t *gi = FAST_GROW(m, gidx, slot, ghi - glo + 1, int64_t);
+            if (!gi) return FAST_NO;
+            int kind = dt_kind(e->dtype);
+            for (uint64_t k = glo; k < ghi; k++) {
+                gi[k - glo] = int_kind(kind, qf_entry_bytes(f, e), k);
+                if (gi[k - glo] < 0 || (uint64_t)gi[k - glo] >= p->index_count) return FAST_NO;
+            }
+            gidx = gi;
+        }
+        /* rows: the leading axes' cells (odometer over axes 0 .. rank-2) */
+        uint64_t idx[64] = {0};
+        idx[0] = g->r0;
+        for (uint64_t k = 0; k < g->R; k++) {
+            uint64_t cell = 0;
+            for (size_t a = 0; a + 1 < rank; a++) {
+                uint64_t c;
+                if (p->has_index && a == ax) c = (uint64_t)gidx[idx[a] - glo];
+                else c = p->size[a] ? idx[a] / p->size[a] : 0;
+                cell += c * pcoef[a];
+            }
+            ro[k] = (int64_t)cell;
+            for (size_t a = rank - 1; a-- > 0;) {
+                if (++idx[a] < (a == 0 ? g->r1 : d->shape[a])) break;
+                idx[a] = a == 0 ? g->r0 : 0;
+            }
+        }
+        /* the last axis */
+        uint64_t cl = pcoef[L], s = p->has_index && ax == L ? 0 : p->size[L];
+        if (p->has_index && ax == L) {
+            int64_t *ci = FAST_GROW(m, colidx, slot, g->C, int64_t);
+            if (!ci) return FAST_NO;
+            for (uint64_t c = 0; c < g->C; c++) ci[c] = gidx[c] * (int64_t)cl;
+            kp->mode = QFK_MODE_COLS;
+        } else if (s == 0 || g->c0 / s == (g->c0 + g->C - 1) / s) {
+            uint64_t add = s ? g->c0 / s * cl : 0;
+            for (uint64_t k = 0; k < g->R; k++) ro[k] += (int64_t)add;
+            kp->mode = QFK_MODE_CONST;
+        } else if (cl == 1) {
+            for (uint64_t k = 0; k < g->R; k++) ro[k] += (int64_t)(g->c0 / s);
+            kp->mode = QFK_MODE_BLOCK;
+            kp->a = (int64_t)(g->c0 % s);
+            kp->b = (int64_t)s;
+        } else {
+            int64_t *ci = FAST_GROW(m, colidx, slot, g->C, int64_t);
+            if (!ci) return FAST_NO;
+            for (uint64_t c = 0; c < g->C; c++) ci[c] = (int64_t)((g->c0 + c) / s * cl);
+            kp->mode = QFK_MODE_COLS;
+        }
+        if (kp->mode == QFK_MODE_COLS) {
+            kp->colidx = (const int64_t *)m->colidx[slot];
+            *ncol = (size_t)g->C;
+        }
+        if (kp->mode != QFK_MODE_BLOCK) { kp->a = 0; kp->b = 1; }
+    }
+    kp->rowoff = ro;
+    int64_t lo, hi;
+    if (qfk_param_range(kp, (qfk_int)g->R, (qfk_int)g->C, *ncol, &lo, &hi) < 0) return FAST_NO;
+    /* the values: plain binary32 / binary16 / bfloat16 cells as stored; anything else widened
+     * (or decoded: a two-level parameter) for the cells [base, ...) the rows use */
+    int64_t base = 0;
+    if (p->encoded) {
+        const qf_desc *ed = p->encoded;
+        if (ed->rank != gr || ed->rank == 0) return FAST_NO;
+        for (size_t a = 0; a < gr; a++)
+            if (ed->shape[a] != grid[a]) return FAST_NO;
+        uint64_t st0 = 1;
+        for (size_t a = 1; a < gr; a++) st0 *= grid[a];
+        if (st0 == 0) return FAST_NO;
+        uint64_t elo = (uint64_t)lo / st0, ehi = (uint64_t)hi / st0 + 1, nv = (ehi - elo) * st0;
+        if (ehi > ed->shape[0]) return FAST_NO;
+        float *v = FAST_GROW(m, vals, slot, nv, float);
+        if (!v) return FAST_NO;
+        if (fast_rows(f, ed, elo, ehi, QFK_OUT_F32, v, depth + 1) != FAST_OK) {
+            qf_error e2;
+            if (decode_rows_depth(f, ed, elo, ehi, v, depth + 1, (qf_str){"", 0}, &e2)) return FAST_NO;
+        }
+        if (ed->dtype)
+            for (uint64_t k = 0; k < nv; k++) v[k] = qf_round_to(v[k], ed->dtype);
+        base = (int64_t)(elo * st0);
+        kp->v = v;
+        kp->vkind = QFK_VAL_F32;
+        *vlen = (size_t)nv;
+    } else {
+        int ei = qf_find_entry(f, p->tensor);
+        if (ei < 0) return FAST_NO;
+        const qf_entry *e = &f->entries[ei];
+        uint64_t count = (e->end - e->begin) / dt_bytes(e->dtype);
+        if ((uint64_t)hi >= count) return FAST_NO;
+        int kind = dt_kind(e->dtype);
+        if (kind == K_F32 || kind == K_F16 || kind == K_BF16) {
+            kp->v = qf_entry_bytes(f, e);
+            kp->vkind = kind == K_F32 ? QFK_VAL_F32 : kind == K_F16 ? QFK_VAL_F16 : QFK_VAL_BF16;
+            *vlen = (size_t)count;
+        } else {
+            if (kind == K_OTHER) return FAST_NO;
+            uint64_t nv = (uint64_t)(hi - lo) + 1;
+            float *v = FAST_GROW(m, vals, slot, nv, float);
+            if (!v) return FAST_NO;
+            for (uint64_t k = 0; k < nv; k++) v[k] = widen_kind(kind, qf_entry_bytes(f, e), (uint64_t)lo + k);
+            base = lo;
+            kp->v = v;
+            kp->vkind = QFK_VAL_F32;
+            *vlen = (size_t)nv;
+        }
+    }
+    if (base) {
+        if (kp->mode == QFK_MODE_FLAT) kp->a += base;
+        else if (kp->mode == QFK_MODE_COLS) {
+            int64_t cmin = INT64_MAX, *ci = (int64_t *)m->colidx[slot];
+            for (uint64_t c = 0; c < g->C; c++) cmin = ci[c] < cmin ? ci[c] : cmin;
+            for (uint64_t c = 0; c < g->C; c++) ci[c] -= cmin;
+            for (uint64_t k = 0; k < g->R; k++) ro[k] -= base - cmin;
+        } else
+            for (uint64_t k = 0; k < g->R; k++) ro[k] -= base;
+    }
+    return FAST_OK;
+}
+
+/* codes [p0, p0 + n) of one row of byte containers holding a bit stream (codes straddle bytes) */
+static void unpack_stream_row(const unsigned char *row, uint64_t p0, uint64_t n, unsigned b, int lsb, unsigned char *o) {
+    const unsigned mask = (1u << b) - 1;
+    const uint64_t nb = qf_ceil_div((p0 + n) * b, 8); /* the row's bytes the codes use */
+    uint64_t c = 0;
+    /* two bytes at a time where the second is one of them */
+    if (lsb)
+        for (; c < n && ((p0 + c) * b) / 8 + 1 < nb; c++) {
+            uint64_t k0 = (p0 + c) * b, q = k0 / 8;
+            o[c] = (unsigned char)((((unsigned)row[q] | (unsigned)row[q + 1] << 8) >> (k0 % 8)) & mask);
+        }
+    else
+        for (; c < n && ((p0 + c) * b) / 8 + 1 < nb; c++) {
+            uint64_t k0 = (p0 + c) * b, q = k0 / 8;
+            o[c] = (unsigned char)((((unsigned)row[q] << 8 | row[q + 1]) >> (16 - k0 % 8 - b)) & mask);
+        }
+    for (; c < n; c++) { /* the last codes: within the last byte */
+        uint64_t k0 = (p0 + c) * b, q = k0 / 8;
+        unsigned t = (unsigned)(k0 % 8);
+        o[c] = (unsigned char)((lsb ? row[q] >> t : row[q] >> (8 - t - b)) & mask);
+    }
+}
+
+/* rows [r0, r1) of axis 0 by the kernel into out (outkind), or FAST_NO; stream: see kernel.h */
+static int fast_chunk(const qf_file *f, const qf_desc *d, uint64_t r0, uint64_t r1, int outkind, void *out, size_t depth, int stream,
+                      fast_mem *m) {
+#ifdef QF_NO_KERNEL /* a build with the general path only (tests compare the two) */
+    return FAST_NO;
+#endif
+    if (!QF_FAST_LE || d->rank == 0 || d->rank > 64 || d->layout != QF_LAYOUT_CANONICAL || d->bits < 1 || d->bits > 8 || r1 <= r0)
+        return FAST_NO;
+    if ((uintptr_t)out % (outkind == QFK_OUT_F32 ? 4u : 2u)) return FAST_NO;
+    size_t rank = d->rank;
+    fast_geo g;
+    g.r0 = r0;
+    g.r1 = r1;
+    g.Cfull = d->shape[rank - 1];
+    if (rank == 1) {
+        g.R = 1; g.C = r1 - r0; g.c0 = r0; g.g0 = 0;
+    } else {
+        uint64_t mid = 1;
+        for (size_t a = 1; a + 1 < rank; a++) mid *= d->shape[a];
+        g.R = (r1 - r0) * mid; g.C = g.Cfull; g.c0 = 0; g.g0 = r0 * mid;
+    }
+    if (g.R == 0 || g.C == 0) return FAST_NO;
+    if (g.R > (uint64_t)PTRDIFF_MAX / 8 || g.C > (uint64_t)PTRDIFF_MAX / 8 || g.R > SIZE_MAX / 8 / g.C) return FAST_NO;
+    int ei = qf_find_entry(f, d->codes_tensor);
+    if (ei < 0) return FAST_NO;
+    const qf_entry *ce = &f->entries[ei];
+    const unsigned char *bytes = qf_entry_bytes(f, ce);
+    uint64_t nbytes = ce->end - ce->begin;
+    float lut[256];
+    unsigned valid = 0;
+    if (element_table(f, d, lut, &valid)) return FAST_NO;
+    unsigned b = d->bits, mask = (1u << b) - 1, full = 1u << b;
+    qfk_job j;
+    qfk_lens lens;
+    memset(&j, 0, sizeof j);
+    memset(&lens, 0, sizeof lens);
+    int of = 0, rc = FAST_NO;
+    unsigned inv[8];
+    /* codes: the packed bytes where one byte holds whole codes of one row (qformat.regions.byte_lookup) */
+    unsigned n = d->container == 8 ? 8 / b : 0;
+    int direct = d->container == 8 && !d->has_order && qf_uses_slots(d) && (n == 1 || n == 2 || n == 4 || n == 8) && g.C % n == 0 &&
+                 g.c0 % n == 0;
+    if (direct && d->has_planes) {
+        uint64_t t = d->planes_span;
+        direct = !d->axis_null && d->axis == rank - 1 && t && t % n == 0 && g.C % t == 0 && g.c0 % t == 0 && QFK_TILE % t == 0;
+        if (direct) j.span = (qfk_int)t;
+    } else if (direct && !d->axis_null && d->axis != rank - 1)
+        direct = 0;
+    if (direct) {
+        uint64_t start, stride;
+        if (d->axis_null) { start = (g.g0 * g.Cfull + g.c0) / n; stride = g.Cfull / n; }
+        else {
+            uint64_t W = qf_words_per_row(d, g.Cfull, 1, &of);
+            if (of) goto done;
+            start = g.g0 * W + g.c0 / n;
+            stride = W;
+        }
+        if (start > nbytes || (g.R - 1) * stride + g.C / n > nbytes - start) goto done;
+        for (unsigned s = 0; s < n; s++) inv[s] = s;
+        if (d->has_slot_order) {
+            if (d->nslot != n) goto done;
+            for (size_t s = 0; s < d->nslot; s++) inv[d->slot_order[s]] = (unsigned)s;
+        }
+        float *bt = FAST_GROW1(m, bt, 256 * (size_t)n, float);
+        if (!bt) goto done;
+        unsigned char bad[256];
+        int anybad = 0;
+        for (unsigned v = 0; v < 256; v++) {
+            bad[v] = 0;
+            for (unsigned k = 0; k < n; k++) {
+                unsigned s = inv[k], shift = d->lsb ? s * b : 8 - (s + 1) * b, code = (v >> shift) & mask;
+                bt[v * n + k] = lut[code];
+                if (code >= valid) bad[v] = 1, anybad = 1;
+            }
+        }
+        j.codes = bytes + start;
+        j.stride = (qfk_int)stride;
+        j.n = (int)n;
+        j.bt = bt;
+        lens.codes = (size_t)(nbytes - start);
+        lens.bt = 256 * (size_t)n * sizeof(float);
+        if (anybad) /* a codebook shorter than 2^bits: a code past its end is the general path's error */
+            for (uint64_t r = 0; r < g.R; r++)
+                for (uint64_t k = 0; k < g.C / n; k++)
+                    if (bad[j.codes[r * stride + k]]) goto done;
+    } else {
+        /* codes unpacked one per byte: rows of a byte container along the last axis here, anything else by read_codes */
+        unsigned char *codes = FAST_GROW1(m, codes, g.R * g.C, unsigned char);
+        if (!codes) goto done;
+        if (d->container == 8 && !d->has_order && !d->has_planes && !d->axis_null && d->axis == rank - 1) {
+            uint64_t W = qf_words_per_row(d, g.Cfull, 1, &of);
+            unsigned ns = qf_uses_slots(d) ? 8 / b : 0;
+            if (of) goto done;
+            for (unsigned s = 0; s < 8; s++) inv[s] = s;
+            if (d->has_slot_order) {
+                if (d->nslot != ns || ns > 8) goto done;
+                for (size_t s = 0; s < d->nslot; s++) inv[d->slot_order[s]] = (unsigned)s;
+            }
+            if ((g.g0 + g.R - 1) * W + (ns ? qf_ceil_div(g.c0 + g.C, ns) : qf_ceil_div((g.c0 + g.C) * b, 8)) > nbytes) goto done;
+            for (uint64_t r = 0; r < g.R; r++) {
+                const unsigned char *row = bytes + (g.g0 + r) * W;
+                unsigned char *o = codes + r * g.C;
+                if (ns) {
+                    for (uint64_t c = 0; c < g.C; c++) {
+                        uint64_t pos = g.c0 + c;
+                        unsigned s = inv[pos % ns], shift = d->lsb ? s * b : 8 - (s + 1) * b;
+                        o[c] = (unsigned char)((row[pos / ns] >> shift) & mask);
+                    }
+                } else
+                    unpack_stream_row(row, g.c0, g.C, b, d->lsb, o);
+            }
+        } else if (read_codes(f, d, r0, r1, codes, NULL))
+            goto done;
+        if (valid < full)
+            for (uint64_t k = 0; k < g.R * g.C; k++)
+                if (codes[k] >= valid) goto done;
+        float *bt = FAST_GROW1(m, bt, 256, float);
+        if (!bt) goto done;
+        memcpy(bt, lut, sizeof lut);
+        j.codes = codes;
+        j.stride = (qfk_int)g.C;
+        j.n = 1;
+        j.bt = bt;
+        lens.codes = (size_t)(g.R * g.C);
+        lens.bt = 256 * sizeof(float);
+    }
+    for (int r = 0; r < 3; r++) {
+        const qf_param *p = &d->p[r];
+        if (!p->present) continue;
+        int k = j.nparams;
+        if (fast_param(f, d, p, &g, &j.p[k], &lens.values[k], &lens.colidx[k], m, k, depth)) goto done;
+        lens.rowoff[k] = (size_t)g.R;
+        j.nparams++;
+    }
+    j.R = (qfk_int)g.R;
+    j.C = (qfk_int)g.C;
+    j.outkind = outkind;
+    j.out = out;
+    lens.out = (size_t)(g.R * g.C) * (outkind == QFK_OUT_F32 ? 4 : 2);
+    j.stream = stream;
+    if (qfk_check(&j, &lens)) goto done;
+    qfk_run(&j, 0, j.R, qfk_cpu_level());
+    rc = FAST_OK;
+done:
+    return rc;
+}
+
+/* rows [r0, r1) by the kernel, in chunks of whole rows of axis 0 (the same bits: every value's
+ * steps are the same whatever the chunk), or FAST_NO (nothing was decoded or part was: the
+ * general path then decodes the whole again) */
+static int fast_rows(const qf_file *f, const qf_desc *d, uint64_t r0, uint64_t r1, int outkind, void *out, size_t depth) {
+    uint64_t rowsize = 1;
+    for (size_t a = 1; a < d->rank; a++) rowsize *= d->shape[a];
+    size_t item = outkind == QFK_OUT_F32 ? 4 : 2;
+    int stream = outkind == QFK_OUT_F32 && d->rank && (r1 - r0) * rowsize * item >= QF_STREAM_FROM;
+    uint64_t step = d->rank > 1 && rowsize ? QF_CHUNK_VALUES / rowsize : 0;
+    if (step < 1) step = 1;
+    if (d->rank < 2) step = r1 - r0;
+    fast_mem m;
+    int rc = FAST_OK;
+    memset(&m, 0, sizeof m);
+    for (uint64_t c = r0; c < r1 && rc == FAST_OK; c += step) {
+        uint64_t e = r1 - c < step ? r1 : c + step;
+        rc = fast_chunk(f, d, c, e, outkind, (unsigned char *)out + (c - r0) * rowsize * item, depth, stream, &m);
+    }
+    fast_free(&m);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ decode */
@@ -496,16 +914,7 @@ static qf_status decode_rows_depth(const qf_file *f, const qf_desc *d, uint64_t 
         uint64_t grid[64], pcoef[64];
         size_t gr = 0;
         qf_grid_shape(p, d, grid, &gr);
-        if (!p->flat) {
-            if (p->encoded) strides_of(grid, gr, pcoef);
-            else {
-                uint64_t sg[64], pst[64];
-                unsigned ord[64];
-                for (size_t j = 0; j < gr; j++) { ord[j] = p->has_order ? p->order[j] : (unsigned)j; sg[j] = grid[ord[j]]; }
-                strides_of(sg, gr, pst);
-                for (size_t j = 0; j < gr; j++) pcoef[ord[j]] = pst[j];
-            }
-        }
+        if (!p->flat) cell_coefficients(p, grid, gr, pcoef);
         uint64_t idx[64] = {0};
         idx[0] = rank ? r0 : 0;
         int op = p->op;
@@ -547,6 +956,7 @@ static qf_status decode_whole_depth(const qf_file *f, const qf_desc *d, float **
     *n = numel;
     *out = (float *)malloc((size_t)(numel ? numel : 1) * sizeof(float));
     if (!*out) { qf_set_error(err, QF_E_SHAPE_UNREPRESENTABLE, "out of memory"); return QF_E_SHAPE_UNREPRESENTABLE; }
+    if (numel && d->rank && fast_rows(f, d, 0, d->shape[0], QFK_OUT_F32, *out, depth) == FAST_OK) return QF_OK;
     return decode_rows_depth(f, d, 0, d->rank ? d->shape[0] : 1, *out, depth, tensor, err);
 }
 
@@ -556,7 +966,42 @@ static qf_status decode_whole(const qf_file *f, const qf_desc *d, float **out, u
 }
 
 qf_status qf_decode_desc(const qf_file *f, const qf_desc *d, uint64_t row0, uint64_t nrows, float *out, qf_str tensor, qf_error *err) {
+    if (d->rank && nrows && fast_rows(f, d, row0, row0 + nrows, QFK_OUT_F32, out, 0) == FAST_OK) return QF_OK;
     return decode_rows_depth(f, d, row0, d->rank ? row0 + nrows : 1, out, 0, tensor, err);
+}
+
+/* a binary32 value of the logical dtype (rounded already) in the output dtype */
+static void put_out(int dt, void *dst, uint64_t k, float v) {
+    if (dt == QFK_OUT_F32) memcpy((unsigned char *)dst + 4 * k, &v, 4);
+    else {
+        uint16_t h = dt == QFK_OUT_F16 ? qf_f32_to_f16(v) : qf_f32_to_bf16(v);
+        memcpy((unsigned char *)dst + 2 * k, &h, 2);
+    }
+}
+
+qf_status qf_decode_into(const qf_file *f, const qf_desc *d, uint64_t row0, uint64_t nrows, int dt, void *dst, qf_str tensor,
+                         qf_error *err) {
+    uint64_t count = 1;
+    for (size_t a = 1; a < d->rank; a++) count *= d->shape[a];
+    count *= d->rank ? nrows : 1;
+    if (count == 0) return QF_OK;
+    if (d->rank && (d->dtype == 0 || d->dtype == dt) && fast_rows(f, d, row0, row0 + nrows, dt, dst, 0) == FAST_OK) return QF_OK;
+    if (d->rank && d->dtype != 0 && d->dtype != dt) { /* the logical dtype's values by the kernel, then the output dtype */
+        uint16_t *h = (uint16_t *)malloc((size_t)count * 2);
+        int ok = h && fast_rows(f, d, row0, row0 + nrows, d->dtype, h, 0) == FAST_OK;
+        if (ok)
+            for (uint64_t k = 0; k < count; k++) put_out(dt, dst, k, d->dtype == 1 ? qf_f16_to_f32(h[k]) : qf_bf16_to_f32(h[k]));
+        free(h);
+        if (ok) return QF_OK;
+    }
+    /* the general path: binary32 values, rounded to the logical dtype (10.3), then the output dtype */
+    float *tmp = dt == QFK_OUT_F32 && (uintptr_t)dst % 4 == 0 ? (float *)dst : (float *)malloc((size_t)count * sizeof(float));
+    if (!tmp) { qf_set_error(err, QF_E_SHAPE_UNREPRESENTABLE, "out of memory"); return QF_E_SHAPE_UNREPRESENTABLE; }
+    qf_status s = decode_rows_depth(f, d, row0, d->rank ? row0 + nrows : 1, tmp, 0, tensor, err);
+    if (!s)
+        for (uint64_t k = 0; k < count; k++) put_out(dt, dst, k, qf_round_to(tmp[k], d->dtype));
+    if ((void *)tmp != dst) free(tmp);
+    return s;
 }
 
 /* ------------------------------------------------------------------ payload checks (12.4) */

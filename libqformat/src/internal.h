@@ -154,6 +154,9 @@ typedef struct qf_logical {
     const qj *raw;
     qf_desc *desc;            /* NULL when refused at 5.1-5.3 */
     qf_probs probs;           /* its refusals, in check order */
+    const char *json;         /* raw re-serialized (compact, keys in file order; api.c at open), or NULL */
+    size_t json_len;
+    const char *scheme;       /* desc->scheme NUL-terminated (api.c at open), or NULL */
 } qf_logical;
 
 typedef struct qf_exposed {
@@ -194,6 +197,11 @@ int qf_uses_slots(const qf_desc *d);
 int qf_grid_shape(const qf_param *p, const qf_desc *d, uint64_t *g, size_t *gr); /* 1 on overflow */
 /* decode.c */
 qf_status qf_decode_desc(const qf_file *f, const qf_desc *d, uint64_t row0, uint64_t nrows, float *out, qf_str tensor,
+                         qf_error *err);
+/* rows [row0, row0 + nrows) (rank 0: the one element) in the output dtype dt (qf_out_dtype),
+ * rounded to the logical dtype first (10.3): the whole of qf_decode_rows after its checks, by
+ * the fused kernel (kernel.c) wherever it covers the descriptor */
+qf_status qf_decode_into(const qf_file *f, const qf_desc *d, uint64_t row0, uint64_t nrows, int dt, void *dst, qf_str tensor,
                          qf_error *err);
 qf_status qf_check_payload(const qf_file *f, const qf_desc *d, qf_str tensor, const char *prefix, size_t depth,
                            qf_probs *out);

@@ -80,8 +80,9 @@ export function sha256Hex(bytes: Uint8Array): string;
 /** libqformat as WebAssembly (src/wasm.js): load it (synchronously; a browser's main thread: initWasmAsync). */
 export function initWasm(source: BufferSource | WebAssembly.Module): boolean;
 export function initWasmAsync(source: Response | BufferSource | PromiseLike<Response>): Promise<boolean>;
-/** Switch the WebAssembly decode path on or off (off by default); returns the previous setting. */
-export function useWasm(on: boolean): boolean;
+/** The WebAssembly decode path: true (the default: tensors of at least MIN_VALUES values), "always", or false. Returns the previous setting. */
+export function useWasm(on: boolean | "always"): boolean | "always";
+export const MIN_VALUES: number;
 export function wasmInfo(): { path: "wasm" | "js"; reason: string | null; loaded: boolean; decodes: number };
 
 /** Encode tensors as a plain safetensors file (logical dtypes map to F32, F16, BF16). */

@@ -432,13 +432,20 @@ async function workerMain() {
         return null;
       }
       writeFileSync(inPath, inp.bytes);
-      const res = protocol.batchEntry(`${inPath}\t${outPath}`);
+      // in JavaScript (the WebAssembly path is compared with it below, for every tensor)
+      const wasWasm = core.useWasm(false);
+      let res;
+      try {
+        res = protocol.batchEntry(`${inPath}\t${outPath}`);
+      } finally {
+        core.useWasm(wasWasm);
+      }
       if (res.crash) return { kind: "crash", message: res.crash };
-      // the WebAssembly decoder (libqformat, src/wasm.js) against the JavaScript one (the
-      // default): the same code, or the same bits written (NaN by class)
+      // the WebAssembly decoder (libqformat, src/wasm.js), for every tensor, against the
+      // JavaScript one above: the same code, or the same bits written (NaN by class)
       if (core.wasmInfo().loaded) {
         const jsOut = res.code === null ? readFileSync(outPath) : null;
-        const was = core.useWasm(true);
+        const was = core.useWasm("always");
         let wasm;
         try {
           wasm = protocol.batchEntry(`${inPath}\t${outPath}`);

@@ -21,7 +21,7 @@ export { parseStrict, JsonError } from "./json.js";
 export { f32ToF16Bits, f32ToBf16Bits, f16ToF32, bf16ToF32, floatLut } from "./floats.js";
 export { encodeSafetensors } from "./write.js";
 export { sha256Hex } from "./digest.js";
-export { initWasm, initWasmAsync, useWasm, wasmInfo } from "./wasm.js";
+export { initWasm, initWasmAsync, useWasm, wasmInfo, MIN_VALUES } from "./wasm.js";
 
 /** @typedef {"float32"|"float16"|"bfloat16"|string} DType */
 /**

@@ -12,12 +12,12 @@ import { allocate } from "./alloc.js";
 
 export * from "./index.js";
 
-// libqformat as WebAssembly (src/wasm.js): loaded unless QFORMAT_JS_WASM=0, the decode path when
-// QFORMAT_JS_WASM=1 (or useWasm(true)); a missing or uncompilable module leaves the JavaScript
-// decoder, which gives the same bits.
+// libqformat as WebAssembly (src/wasm.js): the decode path for large tensors unless
+// QFORMAT_JS_WASM=0 ("always": for every tensor); a missing or uncompilable module leaves the
+// JavaScript decoder, which gives the same bits.
 if (process.env.QFORMAT_JS_WASM !== "0") {
   try {
-    if (initWasm(readFileSync(new URL("../wasm/qformat.wasm", import.meta.url))) && process.env.QFORMAT_JS_WASM === "1") useWasm(true);
+    if (initWasm(readFileSync(new URL("../wasm/qformat.wasm", import.meta.url))) && process.env.QFORMAT_JS_WASM === "always") useWasm("always");
   } catch {
     // no module file: the JavaScript path (wasmInfo() says so)
   }

@@ -1,13 +1,16 @@
-// A second decode path: libqformat (the C library in libqformat/) built as WebAssembly
+// The fast decode path: libqformat (the C library in libqformat/) built as WebAssembly
 // (readers/js/wasm/qformat.wasm, by libqformat/scripts/build_wasm.py), so that the JavaScript
-// reader and native runtimes decode through the same C.  It is off by default for now: the
-// library's decoder is still the straightforward one, slower than decode.js's table-driven rows
-// (measured in libqformat/README.md), and defaults must be the fast path.  useWasm(true) (Node:
-// QFORMAT_JS_WASM=1; the viewer: ?decoder=wasm) switches it on.  The JavaScript decoder stays the
-// fallback and the reference this path is tested against: where the module is not loaded
-// (initWasm was not called, or the runtime cannot compile it), where the path is off, or for what
-// it does not take (a box that is not whole rows, a file of a newer minor version), read()
-// decodes in JavaScript.  Both give the same bits (NaN by class).
+// reader decodes through the same C as the Python package and native runtimes.  It is the
+// default where the module is loaded (Node's layer loads it at import; a page calls
+// initWasmAsync) for tensors of at least MIN_VALUES values: there it is 1.2 to 3.9 times as fast
+// as decode.js (readers/js/README.md, "The WebAssembly path"); below that the copy in and out of
+// the module's memory costs more than it saves.  useWasm(false) (Node: QFORMAT_JS_WASM=0; the
+// viewer: ?decoder=js) keeps the JavaScript decoder; useWasm("always") takes the module for every
+// tensor (the tests).  The JavaScript decoder stays the fallback and the reference this path is
+// tested against: where the module is not loaded or cannot be compiled, or for what it does not
+// take (a box that is not whole rows, a file of a newer minor version, a tensor past the 32-bit
+// memory), read() decodes in JavaScript.  Both give the same bits (NaN by class: the C keeps a
+// NaN's payload where JavaScript's arithmetic may not).
 //
 // One logical tensor at a time: its descriptor and the stored tensors it references are written
 // into the module's memory as a small safetensors file of their own (a qformat object holding
@@ -26,7 +29,10 @@ const MAX_BYTES = 2 ** 31;
 
 /** @type {{exports: any, memory: WebAssembly.Memory} | null} */
 let mod = null;
-let enabled = false;
+/** @type {boolean|"always"} */
+let enabled = true;
+/** Tensors with fewer values decode in JavaScript unless useWasm("always"). */
+export const MIN_VALUES = 65536;
 /** Tensors the module has decoded (wasmInfo().decodes): the tests' proof that the path ran. */
 let decodes = 0;
 /** @type {string|null} */
@@ -90,10 +96,14 @@ function ready(instance) {
   return true;
 }
 
-/** Switch the path on or off (off by default); returns the previous setting. @param {boolean} on */
+/**
+ * Switch the path: true (the default: tensors of at least MIN_VALUES values), "always" (every
+ * tensor it can take), false (never).  Returns the previous setting.
+ * @param {boolean|"always"} on
+ */
 export function useWasm(on) {
   const was = enabled;
-  enabled = Boolean(on);
+  enabled = on === "always" ? "always" : Boolean(on);
   return was;
 }
 
@@ -101,8 +111,8 @@ export function useWasm(on) {
 export function wasmInfo() {
   const loaded = mod !== null;
   if (!loaded) return { path: "js", reason: failure ?? "the WebAssembly module is not loaded (initWasm)", loaded, decodes };
-  if (!enabled) return { path: "js", reason: "off (useWasm(true) switches it on)", loaded, decodes };
-  return { path: "wasm", reason: null, loaded, decodes };
+  if (!enabled) return { path: "js", reason: "switched off (useWasm(false))", loaded, decodes };
+  return { path: "wasm", reason: enabled === "always" ? null : `tensors of ${MIN_VALUES} values or more`, loaded, decodes };
 }
 
 /**
@@ -150,9 +160,8 @@ export function wasmDecode(file, name, desc, box, alloc) {
   }
   let count = nrows;
   for (let a = 1; a < shape.length; a++) count *= shape[a];
+  if (count === 0 || (enabled !== "always" && count < MIN_VALUES)) return null;
   const outBytes = count * (desc.dtype === "float32" ? 4 : 2);
-  const out = alloc(count);
-  if (count === 0) return out;
 
   // the stored tensors it references, each once, laid end to end
   const names = [...new Set(references(desc).map(([, n]) => n))];
@@ -175,6 +184,7 @@ export function wasmDecode(file, name, desc, box, alloc) {
   const hlen = Math.ceil(hb.length / 8) * 8;
   const fileBytes = 8 + hlen + dataBytes;
 
+  const out = alloc(count);
   const x = mod.exports;
   const errSize = x.qfw_error_size();
   const buf = x.qfw_malloc(fileBytes);

@@ -310,9 +310,12 @@ $("#run-check").addEventListener("click", () => {
   runCheck(active);
 });
 const params = new URLSearchParams(location.search);
-// ?decoder=wasm: libqformat as WebAssembly decodes what the page shows (src/wasm.js); where it
-// does not load, the JavaScript decoder does, with the same bits.  data-decoder on <html> says which.
-if (params.get("decoder") === "wasm" && (await initWasmAsync(fetch(new URL("../wasm/qformat.wasm", import.meta.url))))) useWasm(true);
+// libqformat as WebAssembly decodes what the page shows (src/wasm.js; ?decoder=js: the
+// JavaScript decoder; ?decoder=wasm: the module for every tensor, small ones too); where it does
+// not load, the JavaScript decoder does, with the same bits.  data-decoder on <html> says which.
+const decoder = params.get("decoder");
+if (decoder !== "js" && (await initWasmAsync(fetch(new URL("../wasm/qformat.wasm", import.meta.url))))) useWasm(decoder === "wasm" ? "always" : true);
+else useWasm(false);
 document.documentElement.dataset.decoder = wasmInfo().path;
 for (const slot of Object.keys(slots)) {
   const u = params.get(slot);
