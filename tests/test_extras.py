@@ -16,7 +16,7 @@ def test_a_missing_framework_names_the_install_line(alias: str) -> None:
     """Each framework the alias needs, made unimportable in a fresh interpreter: the import fails
     with ModuleNotFoundError naming that framework and the extra to install, and no traceback
     from inside the reader package."""
-    _, frameworks, extra = EXTRAS[alias]
+    frameworks, extra = EXTRAS[alias]
     for fw in frameworks:
         code = (f"import sys; sys.modules[{fw!r}] = None\n"
                 f"try:\n    import qformat.{alias}\n"
