@@ -12,6 +12,9 @@
 import { readFileSync, writeFileSync } from "node:fs";
 import { basename, join } from "node:path";
 import { openFile } from "../src/index.js";
+// the Node layer as users import it: it loads libqformat's WebAssembly build, the default decode
+// path for large tensors (QFORMAT_JS_WASM=0: the JavaScript decoder alone)
+import { wasmInfo } from "../src/node.js";
 
 const args = process.argv.slice(2);
 let reps = 7;
@@ -58,6 +61,6 @@ for (const file of files) {
       const d = t.data;
       writeFileSync(join(outDir, `${basename(file)}.${name}.bin`), new Uint8Array(d.buffer, d.byteOffset, d.byteLength));
     }
-    console.log(JSON.stringify({ file, tensor: name, dtype: t.dtype, shape: t.shape, values: n, reps, ms, median_ms: med, mvals_per_s: n / med / 1e3 }));
+    console.log(JSON.stringify({ file, tensor: name, dtype: t.dtype, shape: t.shape, values: n, reps, ms, median_ms: med, mvals_per_s: n / med / 1e3, path: n >= 65536 ? wasmInfo().path : "js" }));
   }
 }
