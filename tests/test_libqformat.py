@@ -503,3 +503,34 @@ def test_every_scheme_qformat_writes_decodes_to_the_same_bits(san_build: Path, t
                 compared += w.size
     assert compared > 10_000, compared
     print(f"{len(files)} files, {compared} values compared")
+
+
+# ----------------------------------------------------------------------- concurrent reads (TSan)
+
+def test_concurrent_reads_of_one_file_under_thread_sanitizer(tmp_path: Path) -> None:
+    """qformat.h promises that any number of threads may read one qf_file at once: eight threads
+    decode every tensor of a file of several schemes (whole, row ranges, all three output
+    dtypes) while others check it, built with ThreadSanitizer; every result equals the
+    sequential decode byte for byte and TSan reports no race (it aborts the run if it does)."""
+    import numpy as np
+
+    import qformat
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((96, 512)).astype(np.float32)
+    qformat.save_file({"int4": qformat.quantize(w, "int", bits=4, group_size=32), "nf4": qformat.quantize(w, "nf4"),
+                       "fp8": qformat.quantize(w, "fp8_e4m3"), "q4k": qformat.quantize(w, "gguf", type="Q4_K"),
+                       "int3": qformat.quantize(w, "int", bits=3, group_size=64, symmetric=False),
+                       "bf16": qformat.quantize(w, "mxfp4", dtype="bfloat16"), "plain": w[0]}, tmp_path / "m.safetensors")
+    exe = tmp_path / "test_threads"
+    cc = _compiler()
+    build = subprocess.run([cc, "-std=c11", "-O1", "-g", "-fsanitize=thread", "-pthread", "-ffp-contract=off", "-Wall", "-Wextra",
+                            f"-I{LIB / 'include'}", f"-I{LIB / 'src'}", *map(str, sorted((LIB / "src").glob("*.c"))),
+                            str(LIB / "test" / "test_threads.c"), "-o", str(exe), "-lm"], capture_output=True, text=True)
+    if build.returncode != 0 and "tsan" in build.stderr.lower():
+        pytest.skip(f"{cc} has no ThreadSanitizer runtime here: {build.stderr[-300:]}")
+    assert build.returncode == 0, build.stderr[-3000:]
+    p = subprocess.run([str(exe), str(tmp_path / "m.safetensors"), "8"], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1:abort_on_error=1"})
+    assert p.returncode == 0 and "WARNING: ThreadSanitizer" not in p.stderr, p.stdout + p.stderr[-4000:]
+    assert p.stdout.startswith("ok 6 tensors"), p.stdout
