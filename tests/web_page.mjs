@@ -42,6 +42,8 @@ try {
   };
 
   // 0. which decoder the page loaded (libqformat as WebAssembly, or the JavaScript fallback)
+  // (set once the module has loaded: the page's top-level await may finish after the load event)
+  await page.waitForSelector("html[data-decoder]", { state: "attached", timeout: T });
   out.decoder = await page.evaluate(() => document.documentElement.dataset.decoder ?? null);
 
   // 1. a qformat checkpoint by URL: its table and check; one tensor selected: descriptor and histogram
