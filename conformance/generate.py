@@ -24,10 +24,13 @@ from . import cases_clarified  # noqa: F401,E402  (corpus 1.2: registered last, 
 from . import cases_sharded  # noqa: F401,E402  (corpus 1.3: after 1.2's cases, for the same reason)
 from . import cases_parity  # noqa: F401,E402  (spec 1.2's safetensors parity, issue 28: after the others, for the same reason)
 from . import cases_digests  # noqa: F401,E402  (spec 1.2's digests and settled points, issue 24: after the others, likewise)
+from . import cases_settled  # noqa: F401,E402  (corpus 1.5, spec 1.2.1: the points issue 43 settles; after the others, likewise)
 from .build import CASES, Built, seed_of, st_file
 
-CORPUS_VERSION = "1.4.0"
+CORPUS_VERSION = "1.5.0"
 SPEC_VERSION = "1.2"
+#: the revision of SPEC.md the expectations follow (a patch settles readings; files still declare 1.2)
+SPEC_REVISION = "1.2.1"
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v1")
 
 
@@ -61,14 +64,30 @@ def manifest_entry(case_id: str, b: Built, files: dict[str, bytes]) -> dict:
         "expected": ({"path": f"{base}/expected.safetensors", "sha256": sha256(files["expected.safetensors"])}
                      if b.expect == "valid" else None),
         "check": sorted(b.check_codes),
+        "strict": strict_codes(b, files),
     }
     return entry
+
+
+def strict_codes(b: Built, files: dict[str, bytes]) -> list[str]:
+    """What a strict checker (`qformat check --strict --digests`) reports: the checker's codes and,
+    for every safetensors file of the case whose container is sound, the strict-only codes
+    (SPEC.md §2.3 checks 5 and 9, §2.4), computed by conformance/spec_reference.py."""
+    from . import spec_reference as R
+
+    codes = set(b.check_codes)
+    if b.expect != "malformed":
+        for name, data in files.items():
+            if name.endswith(".safetensors") and name != "expected.safetensors":
+                codes.update(R.strict_only_codes(data))
+    return sorted(codes)
 
 
 def manifest(entries: list[dict]) -> dict:
     return {
         "corpus_version": CORPUS_VERSION,
         "spec_version": SPEC_VERSION,
+        "spec_revision": SPEC_REVISION,
         "description": "qformat conformance corpus. Paths are relative to this file. See conformance/README.md.",
         "cases": entries,
     }

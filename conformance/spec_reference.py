@@ -403,13 +403,13 @@ ELEMENT_SPEC = ("variant", {
                          {"table": ("enum", ("nf4", "bnb_fp4")), "table_tensor": NAME}), ("table", "table_tensor")),
 })
 BLOCKS_SPEC = ("variant", {
-    "grid": ("obj", {"type": ("enum", ("grid",)), "size": ("arr", ("nullor", ("int", 1, SAFE)), 0, 16)},
+    "grid": ("obj", {"type": ("enum", ("grid",)), "size": ("arr", ("nullor", ("int", 1, SAFE)), 0, 64)},
              {"index": ("obj", {"axis": IDX, "tensor": NAME, "count": ("int", 1, SAFE)}, {})}),
     "flat": ("obj", {"type": ("enum", ("flat",)), "size": ("int", 1, SAFE)}, {}),
 })
 EXTENSIONS_SPEC = ("arr", ("obj", {"name": ("str", 1, 256)}, {"must_understand": ("bool",), "configuration": ("anyobj",)}), 0, 64)
 PACKING_VALUES = {"container": ("enum", (8, 16, 32)), "bit_order": ("enum", ("lsb_first", "msb_first")),
-                  "axis": ("nullor", IDX), "order": ("arr", IDX, 0, 16), "straddle": ("bool",),
+                  "axis": ("nullor", IDX), "order": ("arr", IDX, 0, 64), "straddle": ("bool",),
                   "slot_order": ("arr", ("int", 0, 255), 1, 256), "row_alignment": ("int", 1, 65536)}
 
 
@@ -504,7 +504,7 @@ def structural_codes(d: Any, max_rank: int = 64) -> list[str]:
         ok10 &= ("tensor" in prm) != ("encoded" in prm) and not ("encoded" in prm and "order" in prm)
         ok10 &= ("op" not in prm) if role == "zero" else fits(prm.get("op"), ("enum", allowed_ops))
         ok10 &= "tensor" not in prm or fits(prm["tensor"], NAME)
-        ok10 &= "order" not in prm or fits(prm["order"], ("arr", IDX, 0, 16))
+        ok10 &= "order" not in prm or fits(prm["order"], ("arr", IDX, 0, 64))
         if not ok10:
             fail("SCHEMA_VIOLATION")
         if "blocks" in prm and not fits(prm["blocks"], BLOCKS_SPEC):
@@ -645,3 +645,24 @@ def empty_representable(shape: list[int], element_bytes: int) -> bool:
         if s != 0:
             product *= s
     return product < 2**63
+
+
+def strict_only_codes(data: bytes) -> list[str]:
+    """The codes only a strict checker reports (SPEC.md §2.3 checks 5 and 9, §2.4) for a file whose
+    container SPEC.md §2 accepts: JSON whitespace before the header object
+    (HEADER_LEADING_WHITESPACE), padding after it other than spaces (HEADER_PADDING_NOT_SPACE), an
+    empty tensor name (TENSOR_NAME_INVALID), ``"__metadata__": null`` (METADATA_INVALID)."""
+    n = int.from_bytes(data[:8], "little")
+    text = data[8 : 8 + n].decode("utf-8")
+    codes = []
+    lead = len(text) - len(text.lstrip(" \t\n\r"))
+    if lead:
+        codes.append("HEADER_LEADING_WHITESPACE")
+    obj, end = json.JSONDecoder().raw_decode(text, lead)
+    if text[end:].strip(" "):
+        codes.append("HEADER_PADDING_NOT_SPACE")
+    if "" in obj:
+        codes.append("TENSOR_NAME_INVALID")
+    if "__metadata__" in obj and obj["__metadata__"] is None:
+        codes.append("METADATA_INVALID")
+    return codes

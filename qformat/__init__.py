@@ -22,6 +22,8 @@ __version__ = "0.2.0"
 #: The qformat spec version this implementation reads (SPEC.md).  Files record the lowest
 #: version whose features they use: ``required_version`` ("1.0" unless a 1.1 layout appears).
 SPEC_VERSION = "1.2"
+#: the revision of SPEC.md this package follows (a patch settles readings; files declare SPEC_VERSION)
+SPEC_REVISION = "1.2.1"
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
@@ -64,7 +66,7 @@ def dequantize_checkpoint(src, dst, dtype=None, **kwargs):  # type: ignore[no-un
 
 
 __all__ = [
-    "InvalidFileError", "MalformedFileError", "Problem", "QFormatError", "QTensor", "Report", "SPEC_VERSION",
+    "InvalidFileError", "MalformedFileError", "Problem", "QFormatError", "QTensor", "Report", "SPEC_REVISION", "SPEC_VERSION",
     "UnsupportedError", "UsageError", "__version__", "check", "dequantize_checkpoint", "iter_tensors", "load_checkpoint", "load_file", "quantize", "quantize_checkpoint", "required_version",
     "safe_open", "save_file",
 ]

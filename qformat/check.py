@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from . import tables
+from .container import not_safetensors_kind
 from .remote import is_url, read_header
 from .decode import decode
 from .layouts import canonical_view
@@ -88,7 +89,7 @@ class Report:
 
     @property
     def unreadable(self) -> bool:
-        return any(p.code in ("FILE_UNREADABLE", "NOT_SAFETENSORS") for p in self.problems)
+        return any(p.code == "FILE_UNREADABLE" for p in self.problems)  # NOT_SAFETENSORS: a file problem (SPEC.md 1.2.1)
 
     @property
     def digests_verified(self) -> int | None:
@@ -260,22 +261,37 @@ def _check_values(name: str, desc: Descriptor, prm: Param, vals: np.ndarray, fie
     return probs
 
 
+def _stored(src: Any, name: str) -> np.ndarray:
+    """A stored component's values; an empty one of a shape no array can hold as an empty vector
+    (a component is never refused for it, SPEC.md §2.2)."""
+    try:
+        return src.array(name)
+    except QFormatError as e:
+        if e.code != "SHAPE_UNREPRESENTABLE":
+            raise
+        from . import dtypes as _dt
+
+        return np.zeros(0, _dt.storage_numpy(src.info(name).dtype))
+
+
 def check_payload(name: str, desc: Descriptor, src: Any, field_prefix: str = "") -> list[QFormatError]:
     """Payload problems of one valid descriptor (recursing into encoded parameters)."""
     desc, src = canonical_view(desc, src)  # a device layout is checked through its canonical component (§11)
-    probs = _check_codes(name, desc, src, field_prefix)
+    # an empty logical tensor has no codes to check; its components may be empty arrays no array
+    # type can hold, which are never refused (SPEC.md §2.2, 1.2.1: components are exempt)
+    probs = _check_codes(name, desc, src, field_prefix) if math.prod(desc.shape) else []
     for prm in desc.params():
         f = f"{field_prefix}{prm.role}"
         gi = prm.blocks.index
         if gi is not None:
-            g = np.asarray(src.array(gi.tensor)).astype(np.int64)
+            g = np.asarray(_stored(src, gi.tensor)).astype(np.int64)
             bad = (g < 0) | (g >= gi.count)
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 probs.append(error("GROUP_INDEX_RANGE", f"{int(bad.sum())} group indices are outside 0..{gi.count - 1} (first at {i}: {int(g[i])})", tensor=name, field=f"{f}.blocks.index.tensor"))
         if prm.tensor is not None:
             info = src.info(prm.tensor)
-            arr = src.array(prm.tensor).reshape(-1)
+            arr = _stored(src, prm.tensor).reshape(-1)
             step = max(1, SCAN_BYTES // max(1, arr.dtype.itemsize))
             seen: set[str] = set()
             for i in range(0, arr.size, step):
@@ -299,46 +315,26 @@ def check_payload(name: str, desc: Descriptor, src: Any, field_prefix: str = "")
 
 
 def not_safetensors(path: str) -> QFormatError | None:
-    """``NOT_SAFETENSORS`` for a file that is no safetensors file at all, saying what it is: a
-    GGUF file (magic ``GGUF``), a ZIP archive, or one whose 8-byte length prefix is 2^48 or
-    more and reads as text (a README) or a Python object stream: no safetensors writer makes it.  None otherwise
-    (a damaged safetensors file gets the container's own codes)."""
+    """``NOT_SAFETENSORS`` for a local file that SPEC.md §2.3 says is no safetensors file at all
+    (its length prefix fails check 2 or 3, and its first bytes are a GGUF, ZIP or object-stream
+    signature or text), saying what it is; None otherwise (a damaged safetensors file gets the
+    container's own codes, from :func:`qformat.container.parse_header`, which applies the same
+    rule)."""
     if is_url(path):
-        return None  # a URL is read by ranges; its header's own codes say what is wrong
+        return None  # a URL is read by ranges; parse_header applies the rule to its prefix
     try:
+        size = os.path.getsize(path)
         with open(path, "rb") as f:
             head = f.read(8)
     except OSError:
         return None
-    name = os.path.basename(path)
-    if head[:4] == b"GGUF":
-        return error("NOT_SAFETENSORS", f"{name} is a GGUF file, not safetensors: `qformat inspect` lists it, "
-                     "`qformat convert` turns it into qformat (which `qformat check` then checks)")
-    if head[:4] == b"PK\x03\x04":  # a ZIP's local file header (a length of 0x04034B50 + ...: never a header)
-        what = "a ZIP archive (a PyTorch .bin/.pt checkpoint?)"
-    elif len(head) < 8 or int.from_bytes(head, "little") < 1 << 48:
+    if size < 8:
         return None
-    elif head[:1] == b"\x80" and 2 <= head[1] <= 5:
-        what = "a serialized Python object stream (a PyTorch .bin checkpoint?)"
-    elif _text(head):
-        what = "a text file"
-    else:
-        return None  # a damaged length: the container's HEADER_TOO_LARGE / HEADER_LENGTH_INVALID
-    return error("NOT_SAFETENSORS", f"{name} is {what}, not safetensors: its first 8 bytes {head!r} are no safetensors header length; "
-                 "qformat reads .safetensors files, folders of them and *.safetensors.index.json "
-                 "(and GGUF files: convert, inspect, diff, export)")
-
-
-def _text(head: bytes) -> bool:
-    """Whether ``head`` reads as the start of a UTF-8 text (printable, a multi-byte character
-    may be cut at its end)."""
-    for cut in range(4):
-        try:
-            t = head[: len(head) - cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        return all(c.isprintable() or c in "\t\n\r" for c in t)
-    return False
+    n = int.from_bytes(head, "little")
+    if not (n > tables.limits()["max_header_bytes"] or n == 0 or 8 + n > size):
+        return None
+    what = not_safetensors_kind(head)
+    return None if what is None else error("NOT_SAFETENSORS", f"{os.path.basename(path)} is {what}")
 
 
 def payload_problems(name: str, desc: Descriptor | None, src: Any) -> list[QFormatError]:

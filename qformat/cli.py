@@ -62,9 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                             "(qformat in safetensors files; GGUF and other formats through convert and export). Every path "
                             "a command reads may also be an http(s):// URL, read by byte ranges (see README, 'Remote checkpoints').",
                 epilog="Exit statuses: 0 done, 1 problems in the input, 2 usage, 3 internal error, 130 interrupted.")
-    from . import SPEC_VERSION, __version__
+    from . import SPEC_REVISION, __version__
 
-    p.add_argument("--version", action="version", version=f"qformat {__version__} (SPEC.md {SPEC_VERSION})")
+    p.add_argument("--version", action="version", version=f"qformat {__version__} (SPEC.md {SPEC_REVISION})")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_SubParser)
     c = sub.add_parser("check", help="check files, folders or sharded checkpoints (index.json) for conformance")
     c.add_argument("paths", nargs="+", metavar="PATH")
@@ -176,6 +176,11 @@ def _parser() -> argparse.ArgumentParser:
     rd = csub.add_parser("read", help="the reference reader in the command protocol: decode INPUT, write OUTPUT")
     rd.add_argument("input", metavar="INPUT")
     rd.add_argument("output", metavar="OUTPUT")
+    rp = csub.add_parser("report", help="run the corpus against several implementations and write a table of "
+                         "cases passed per spec section (conformance/REPORT.md and report.json)")
+    from .conformance_report import add_arguments as _report_arguments
+
+    _report_arguments(rp)
     sv = sub.add_parser("serve", help="serve a folder over HTTP with byte ranges, validators and CORS (for remote "
                         "commands and the viewer page; python -m http.server ignores ranges)")
     sv.add_argument("dir", metavar="DIR", help="the folder to serve (files under it only; links out of it are not followed)")
@@ -711,6 +716,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from . import conformance
 
         try:
+            if args.conf_command == "report":
+                from . import conformance_report
+
+                return conformance_report.main(args)
             return conformance.main(args)
         except BrokenPipeError:  # stdout closed (`| head`): main() ends quietly
             raise

@@ -123,28 +123,113 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_no_constant, parse_int=lambda s: int(s) if len(s) < 100 else (-1 if s[0] == "-" else 1) << 64)  # huge integers never wrap: any 100-digit value fails later size checks like 2^64
+class _Huge:
+    """A header integer of more than 20 digits (so 2^64 or more), kept exactly as its digits: SPEC.md
+    §2.1 (1.2.1) decides codes by exact arithmetic, and converting a long digit string to an int
+    costs time quadratic in its length (a header may hold 100 MB of digits)."""
+
+    __slots__ = ("digits", "neg")
+
+    def __init__(self, text: str) -> None:
+        self.neg = text.startswith("-")
+        self.digits = text.lstrip("-")
+
+    def __repr__(self) -> str:
+        return ("-" if self.neg else "") + (self.digits if len(self.digits) <= 30 else f"{self.digits[:12]}...({len(self.digits)} digits)")
+
+
+def _parse_int(s: str) -> int | _Huge:
+    return int(s) if len(s) <= 21 else _Huge(s)
+
+
+def _digits(v: int | _Huge) -> str:
+    return v.digits if isinstance(v, _Huge) else str(v)
+
+
+def _key(v: int | _Huge) -> tuple[int, str]:
+    """An order on non-negative integers that equals the numeric one (JSON integers have no leading zeros)."""
+    d = _digits(v)
+    return (len(d), d)
+
+
+def _plus(v: int | _Huge, k: int) -> int | _Huge:
+    """``v + k`` exactly, for ``k >= 0``."""
+    if not isinstance(v, _Huge):
+        return v + k
+    d = list(v.digits)
+    carry, i = k, len(d) - 1
+    while carry and i >= 0:
+        carry, r = divmod(int(d[i]) + carry, 10)
+        d[i] = str(r)
+        i -= 1
+    return _Huge((str(carry) if carry else "") + "".join(d))
+
+
+def _natural(v: Any) -> bool:
+    return (type(v) is int and v >= 0) or (isinstance(v, _Huge) and not v.neg)
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_no_constant, parse_int=lambda s: int(s) if len(s) < 100 else (-1 if s[0] == "-" else 1) << 64)  # huge integers never wrap: in qformat JSON and indexes any 100-digit value is out of every range, like 2^64
+#: the container header's integers (shapes, offsets) stay exact however long (SPEC.md §2.1, 1.2.1)
+_HEADER_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_no_constant, parse_int=_parse_int)
 
 
 #: A surrogate code point (text decoded from UTF-8 has none; a ``\\u`` escape can make one).
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def strict_json(text: str) -> tuple[Any, int]:
-    """Parse one JSON value from the start of ``text``; returns (value, end index).
+def strict_json(text: str, header: bool = False) -> tuple[Any, int]:
+    """Parse one JSON value from the start of ``text``; returns (value, end index).  ``header``:
+    the container header, whose integers stay exact however long (:class:`_Huge` past 21 digits).
 
     Raises _Dup for a repeated key and ValueError for anything else that is not JSON.
     """
     if not json_depth_ok(text):
         raise ValueError(f"nesting deeper than {MAX_JSON_DEPTH}")
-    value, end = _DECODER.raw_decode(text)
+    value, end = (_HEADER_DECODER if header else _DECODER).raw_decode(text)
     if "\\u" in text or (not text.isascii() and _SURROGATE.search(text)):  # only then can a string hold a lone one
         try:
             # Lone surrogate escapes (\ud800) parse in Python but are not Unicode text.
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
+            json.dumps(value, ensure_ascii=False, default=repr).encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("a string holds a lone surrogate escape") from None
     return value, end
+
+
+def _is_text(head: bytes) -> bool:
+    """SPEC.md §2.3 (d): after dropping at most 3 trailing bytes of a cut UTF-8 sequence, ``head``
+    is well-formed UTF-8 whose code points are TAB, LF, CR, U+0020..U+007E or U+00A0 and above."""
+    for cut in range(4):
+        try:
+            t = head[: len(head) - cut].decode("utf-8")
+        except UnicodeDecodeError as e:
+            if e.reason == "unexpected end of data":
+                continue  # a sequence cut by the end: drop one more byte
+            return False
+        return all(c in "\t\n\r" or 0x20 <= ord(c) <= 0x7E or ord(c) >= 0xA0 for c in t)
+    return False
+
+
+def not_safetensors_kind(head: bytes) -> str | None:
+    """What a file whose 8-byte length prefix ``head`` fails check 2 or 3 is, when SPEC.md §2.3
+    says it is no safetensors file at all (``NOT_SAFETENSORS``): a GGUF file, a ZIP archive, a
+    Python object-serialization stream or text; None for a damaged length (the check's own code)."""
+    if len(head) < 8:
+        return None
+    n = int.from_bytes(head, "little")
+    if head[:4] == b"GGUF":
+        return ("a GGUF file, not safetensors: `qformat inspect` lists it, `qformat convert` turns it into "
+                "qformat (which `qformat check` then checks)")
+    if head[:4] == b"PK\x03\x04":
+        what = "a ZIP archive (a PyTorch .bin/.pt checkpoint?)"
+    elif n >= 1 << 48 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        what = "a serialized Python object stream (a PyTorch .bin checkpoint?)"
+    elif n >= 1 << 48 and _is_text(head):
+        what = "a text file"
+    else:
+        return None
+    return (f"{what}, not safetensors: its first 8 bytes {head!r} are no safetensors header length; qformat reads "
+            ".safetensors files, folders of them and *.safetensors.index.json (and GGUF files: convert, inspect, diff, export)")
 
 
 def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) -> Header:
@@ -154,6 +239,11 @@ def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) ->
     f.seek(0)
     (n,) = struct.unpack("<Q", f.read(8))
     max_n = tables.limits()["max_header_bytes"]
+    if n > max_n or n == 0 or 8 + n > file_size:
+        f.seek(0)
+        what = not_safetensors_kind(f.read(8))  # SPEC.md §2.3: in place of a failing check 2 or 3
+        if what is not None:
+            raise _mal("NOT_SAFETENSORS", what)
     if n > max_n:
         raise _mal("HEADER_TOO_LARGE", f"header length {n} exceeds the limit {max_n}")
     if n == 0 or 8 + n > file_size:
@@ -171,7 +261,7 @@ def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) ->
     if not text.startswith("{", lead):
         raise _mal("HEADER_INVALID_JSON", f"the header must begin with '{{' (after optional JSON whitespace), found {text[lead:lead + 1]!r}")
     try:
-        obj, end = strict_json(text[lead:])
+        obj, end = strict_json(text[lead:], header=True)
         end += lead
     except _Dup as d:
         raise _mal("HEADER_DUPLICATE_KEY", f"key {d.key!r} appears twice in one JSON object") from None
@@ -214,13 +304,13 @@ def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) ->
             raise _mal("TENSOR_ENTRY_INVALID", f"dtype must be a string, found {dt!r}", name)
         if dt not in bits_of:
             raise _mal("DTYPE_UNKNOWN", f"dtype {dt!r} is not a safetensors dtype", name)
-        if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+        if not isinstance(shape, list) or not all(_natural(s) for s in shape):
             raise _mal("TENSOR_ENTRY_INVALID", f"shape must be a list of non-negative integers, found {shape!r}"[:300], name)
-        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
+        if not (isinstance(offs, list) and len(offs) == 2 and all(_natural(o) for o in offs)):
             raise _mal("TENSOR_ENTRY_INVALID", f"data_offsets must be two non-negative integers, found {offs!r}"[:300], name)
         if len(shape) > max_rank:
             raise _mal("TENSOR_ENTRY_INVALID", f"rank must be at most {max_rank}, found {len(shape)}", name)
-        if any(s >= _U64 for s in shape):  # SPEC.md §2.2: an entry of 2^64 or more, even in an empty tensor
+        if any(isinstance(s, _Huge) or s >= _U64 for s in shape):  # SPEC.md §2.2: an entry of 2^64 or more, even in an empty tensor
             raise _mal("SIZE_OVERFLOW", f"a shape entry of {shape} does not fit 64 bits"[:300], name)
         numel = math.prod(shape)  # exact: [2^40, 2^40, 0] has 0 elements
         if numel >= _U64:
@@ -230,21 +320,23 @@ def parse_header(f: BinaryIO, file_size: int, null_metadata_ok: bool = False) ->
             raise _mal("SIZE_OVERFLOW", f"bit size of shape {shape} with dtype {dt} overflows 64 bits", name)
         if nbits % 8:
             raise _mal("SUB_BYTE_MISALIGNED", f"{numel} elements of {dt} fill {nbits} bits, not a whole number of bytes", name)
-        b, e = offs
-        if e < b:
-            raise _mal("OFFSETS_INVALID", f"data_offsets [{b}, {e}] end before they begin", name)
-        if e - b != nbits // 8:
-            raise _mal("TENSOR_SIZE_MISMATCH", f"shape {shape} of {dt} needs {nbits // 8} bytes, data_offsets span {e - b}", name)
+        b, e = offs  # exact, however many digits (SPEC.md §2.1)
+        if _key(e) < _key(b):
+            raise _mal("OFFSETS_INVALID", f"data_offsets [{b!r}, {e!r}] end before they begin", name)
+        if _key(e) != _key(_plus(b, nbits // 8)):
+            span = e - b if isinstance(e, int) and isinstance(b, int) else "2^64 or more"
+            raise _mal("TENSOR_SIZE_MISMATCH", f"shape {shape} of {dt} needs {nbits // 8} bytes, data_offsets span {span}", name)
         entries[name] = Entry(name, dt, tuple(shape), b, e)
 
-    pos = 0
-    for ent in sorted(entries.values(), key=lambda x: (x.begin, x.end)):
-        if ent.begin != pos:
-            what = "overlaps the previous tensor" if ent.begin < pos else f"leaves a hole of {ent.begin - pos} bytes"
-            raise _mal("OFFSETS_INVALID", f"data_offsets begin at {ent.begin}, expected {pos}: the tensor {what}", ent.name)
+    pos: int | _Huge = 0
+    for ent in sorted(entries.values(), key=lambda x: (_key(x.begin), _key(x.end))):
+        if _key(ent.begin) != _key(pos):
+            what = ("overlaps the previous tensor" if _key(ent.begin) < _key(pos) else
+                    f"leaves a hole of {ent.begin - pos if isinstance(ent.begin, int) and isinstance(pos, int) else '2^64 or more'} bytes")
+            raise _mal("OFFSETS_INVALID", f"data_offsets begin at {ent.begin!r}, expected {pos!r}: the tensor {what}", ent.name)
         pos = ent.end
     data_start = 8 + n
-    if data_start + pos > file_size:
+    if isinstance(pos, _Huge) or data_start + pos > file_size:
         raise _mal("DATA_TRUNCATED", f"tensor data needs {pos} bytes after the header, the file has {file_size - data_start}")
     if data_start + pos < file_size:
         raise _mal("TRAILING_BYTES", f"{file_size - data_start - pos} bytes follow the last tensor's data")

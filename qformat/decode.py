@@ -53,7 +53,11 @@ def _grid_values(g: GridRead, desc: Descriptor, src: Source, depth: int) -> np.n
     """Binary32 values of the parameter grid cells ``g.box``."""
     enc = g.param.encoded
     if enc is not None:
-        return round_to_logical(decode_region(enc, src, g.box, depth + 1), enc.dtype).astype(np.float32)
+        # SPEC.md §10.6 (1.2.1): a nested descriptor is decoded, and so checked, whole, whatever
+        # cells the region uses (parameter grids are small: one cell per group)
+        whole = decode_region(enc, src, tuple((0, n) for n in enc.shape), depth + 1)
+        box = whole[tuple(slice(lo, hi) for lo, hi in g.box)] if g.box else whole
+        return round_to_logical(box, enc.dtype).astype(np.float32)
     return grid_array(g.param, desc, src, g.box).astype(np.float32)
 
 

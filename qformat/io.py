@@ -425,12 +425,10 @@ def _readable(path: str) -> None:
     if not os.path.exists(path):
         raise error("FILE_UNREADABLE", f"{path!r} does not exist")
     try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
+        with open(path, "rb"):
+            pass
     except OSError as e:
         raise error("FILE_UNREADABLE", f"cannot read {path!r}: {e.strerror or e}") from None
-    if magic == b"GGUF":
-        raise error("FILE_UNREADABLE", f"{path!r} is a GGUF file, not safetensors: `qformat convert` reads it (into a qformat file)")
     from .check import not_safetensors
 
     other = None if is_index(path) else not_safetensors(path)  # text, a ZIP: NOT_SAFETENSORS, as `qformat check` says
@@ -478,6 +476,10 @@ def open_bytes(data: bytes, name: str = "<bytes>") -> SafeOpen:
 def _load_one(path: str, verify: bool = False) -> dict[str, np.ndarray]:
     with SafeOpen(path, verify=verify) as f:
         raise_first(f.model.problems())
+        if verify and f.model.digests is not None:
+            # SPEC.md §1.4, §3.8 (1.2.1): every listed digest, names the file lacks included, after
+            # step 7 and before any decode-time check
+            raise_first(f._digest_problems(sorted(f.model.digests["tensors"])))
         return {name: f.get_tensor(name) for name in f.file_order()}
 
 

@@ -120,8 +120,8 @@ def blocks_problem(b: Any) -> str | None:
         if unknown(b, ("type", "size", "index")):
             return f"unknown members {unknown(b, ('type', 'size', 'index'))}"
         size = b.get("size")
-        if not isinstance(size, list) or len(size) > 16 or not all(s is None or is_int(s, 1, MAX_SAFE) for s in size):
-            return "size must be an array of at most 16 entries, each a positive integer or null"
+        if not isinstance(size, list) or len(size) > 64 or not all(s is None or is_int(s, 1, MAX_SAFE) for s in size):
+            return "size must be an array of at most 64 entries, each a positive integer or null"
         if "index" in b:
             ix = b["index"]
             if not is_object(ix) or unknown(ix, ("axis", "tensor", "count")):
@@ -236,8 +236,8 @@ def _packing_failures(p: Any, at: str) -> Iterator[Failure]:
         yield f"{at}.bit_order", P, "bit_order must be lsb_first or msb_first"
     if "axis" in p and not (p["axis"] is None or is_int(p["axis"], 0, 15)):
         yield f"{at}.axis", P, "axis must be an integer 0..15 or null"
-    if "order" in p and not int_array(p["order"], 0, 15, 16):
-        yield f"{at}.order", P, "order must be an array of at most 16 integers 0..15"
+    if "order" in p and not int_array(p["order"], 0, 15, 64):
+        yield f"{at}.order", P, "order must be an array of at most 64 integers 0..15"
     if "straddle" in p and not isinstance(p["straddle"], bool):
         yield f"{at}.straddle", P, "straddle must be a boolean"
     if "slot_order" in p and not int_array(p["slot_order"], 0, 255, 256, min_items=1):
@@ -276,8 +276,8 @@ def _param_failures(role: str, prm: Any, at: str) -> Iterator[Failure]:
         yield f"{at}.op", SV, f"{role}.op must be one of {list(ops)}"
     if "tensor" in prm and not is_name(prm["tensor"]):
         yield f"{at}.tensor", SV, f"{role}.tensor must be a non-empty string"
-    if "order" in prm and not int_array(prm["order"], 0, 15, 16):
-        yield f"{at}.order", SV, f"{role}.order must be an array of at most 16 integers 0..15"
+    if "order" in prm and not int_array(prm["order"], 0, 15, 64):
+        yield f"{at}.order", SV, f"{role}.order must be an array of at most 64 integers 0..15"
     # D11
     if "blocks" in prm:
         why = blocks_problem(prm["blocks"])

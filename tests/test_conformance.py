@@ -48,14 +48,34 @@ def test_corpus_size_under_20_mb():
     assert total < 20 * 2**20, f"corpus is {total / 2**20:.1f} MiB"
 
 
-def test_manifest_covers_every_file_error_code():
-    from qformat.container import STRICT_CODES
+#: codes no file can carry for every reader alike: PLAIN_DTYPE_UNSUPPORTED is what a framework
+#: reader raises for a plain tensor its framework cannot hold (torch and an F4 tensor with an odd
+#: last axis, corpus feature ``plain:f4-odd``); since spec 1.2 the file itself is valid
+CAPABILITY_CODES = {"PLAIN_DTYPE_UNSUPPORTED"}
 
-    # not file outcomes: check --strict's codes (tests/test_safetensors_parity.py covers them) and
-    # PLAIN_DTYPE_UNSUPPORTED, which since spec 1.2 only a framework reader raises (torch, odd F4 axis)
-    file_codes = {c for c, v in tables.errors().items() if v["category"] != "usage"} - set(STRICT_CODES) - {"PLAIN_DTYPE_UNSUPPORTED"}
-    seen = {c["error"] for c in CASES if c["error"]} | {code for c in CASES for code in c["check"]}
+
+def test_manifest_covers_every_file_error_code():
+    """SPEC.md §16: every code that is not a usage (or reader-capability) code has a case, as a
+    reader's error, a checker's code or a strict checker's code (conformance/README.md lists them)."""
+    file_codes = {c for c, v in tables.errors().items() if v["category"] != "usage"} - CAPABILITY_CODES
+    seen = ({c["error"] for c in CASES if c["error"]} | {code for c in CASES for code in c["check"]}
+            | {code for c in CASES for code in c["strict"]})
     assert file_codes <= seen, f"no corpus case for {sorted(file_codes - seen)}"
+
+
+def test_strict_codes_have_cases_of_their_own():
+    """Each strict-only code (SPEC.md §2.3 checks 5 and 9, §2.4) appears in some case's `strict`
+    list while that case's `check` list lacks it, so a strict checker can show it conforms."""
+    from qformat.container import STRICT_ALSO, STRICT_CODES
+
+    for code in (*STRICT_CODES, *STRICT_ALSO):
+        assert any(code in c["strict"] and code not in c["check"] for c in CASES), code
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_strict_checker_reports_the_declared_codes(case):
+    rep = qformat.check(str(CORPUS / case["input"]), digests=True, strict=True)
+    assert sorted({p.code for p in rep.problems}) == case["strict"], [p.to_dict() for p in rep.problems]
 
 
 def _protocol_sample() -> list[str]:

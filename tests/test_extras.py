@@ -38,7 +38,7 @@ def test_the_alias_is_the_reader_package() -> None:
 def test_version() -> None:
     p = subprocess.run([sys.executable, "-m", "qformat", "--version"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == f"qformat {qformat.__version__} (SPEC.md {qformat.SPEC_VERSION})"
+    assert p.stdout.strip() == f"qformat {qformat.__version__} (SPEC.md {qformat.SPEC_REVISION})"
 
 
 def test_an_interrupt_while_the_command_starts_exits_130_without_a_traceback() -> None:

@@ -26,9 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 LIB = REPO / "libqformat"
 CORPUS = REPO / "conformance" / "v1"
 
-#: The conformance cases the sanitized ``qformat-c read`` must pass (the corpus has 501).  Raise
-#: it as the library gains features; never lower it to make a regression pass.
-CONFORMANCE_MIN_PASSED = 501
+#: The conformance cases the sanitized ``qformat-c read`` must pass (the corpus has 540, the
+#: SPEC.md 1.2.1 cases included).  Raise it as the library gains features; never lower it to make
+#: a regression pass.
+CONFORMANCE_MIN_PASSED = 541
 
 FUZZ_RUNS = 2000
 DIFF_MUTANTS = 300
@@ -534,3 +535,180 @@ def test_concurrent_reads_of_one_file_under_thread_sanitizer(tmp_path: Path) -> 
                        env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1:abort_on_error=1"})
     assert p.returncode == 0 and "WARNING: ThreadSanitizer" not in p.stderr, p.stdout + p.stderr[-4000:]
     assert p.stdout.startswith("ok 6 tensors"), p.stdout
+
+
+# ------------------------------------------------- SPEC.md 1.2.1: the settled points (issue 43)
+# One file per decided point a reader can show (A1 array lengths, A2 container check order, A3
+# NOT_SAFETENSORS, A4 layout arguments, A5 nested descriptors checked whole, A7 digests, A8 exact
+# offsets, A13 / A16 sharded indexes), read by the sanitized ``qformat-c``: the decided code.
+
+
+def _decision_files() -> dict[str, tuple[dict[str, bytes], str, str]]:
+    """id -> ({relative path: bytes}, input path, expected outcome: "valid" or a code)."""
+    import hashlib as _h
+
+    import numpy as np
+
+    from conformance.build import build_file, q_file, raw_file
+
+    u8 = lambda a: np.asarray(a, dtype=np.uint8)  # noqa: E731
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    el8 = {"type": "int", "bits": 8, "signedness": "unsigned"}
+
+    def pk(axis, **kw):
+        return {"container": 8, "bit_order": "lsb_first", "axis": axis, **kw}
+
+    def r2(**extra):
+        d = {"shape": [2, 4], "dtype": "float32", "codes": {"tensor": "w.codes", "element": el8, "packing": pk(1)}}
+        return {**d, **extra}
+
+    codes24 = u8(np.arange(8).reshape(2, 4))
+    scale = lambda **kw: {"blocks": {"type": "grid", "size": [1, 4]}, "op": "multiply", **kw}  # noqa: E731
+    one = lambda data, want: ({"input.safetensors": data}, "input.safetensors", want)  # noqa: E731
+    out: dict[str, tuple[dict[str, bytes], str, str]] = {}
+
+    # A1: 64 is the limit of every array; a 17..64-entry order is structurally fine and fails the
+    # permutation check (BLOCKS_INVALID / PACKING_INVALID, nested too); a rank-17 grid reads
+    rank17 = {"shape": [1] * 16 + [4], "dtype": "float32", "codes": {"tensor": "w.codes", "element": el8, "packing": pk(None)},
+              "scale": {"blocks": {"type": "grid", "size": [None] * 17}, "op": "multiply", "tensor": "w.scale"}}
+    out["a1-rank17-grid"] = one(q_file({"w": rank17}, {"w.codes": u8([1, 2, 3, 4]), "w.scale": f32([2.0])}, version="1.2"), "valid")
+    out["a1-param-order-17"] = one(q_file({"w": r2(scale=scale(tensor="w.scale", order=list(range(16)) + [0]))},
+                                          {"w.codes": codes24, "w.scale": f32([[1.0], [2.0]])}, version="1.2"), "BLOCKS_INVALID")
+    out["a1-param-order-65"] = one(q_file({"w": r2(scale=scale(tensor="w.scale", order=[0] * 65))},
+                                          {"w.codes": codes24, "w.scale": f32([[1.0], [2.0]])}, version="1.2"), "SCHEMA_VIOLATION")
+    for n, want in ((17, "PACKING_INVALID"), (65, "SCHEMA_VIOLATION")):
+        nested = {"shape": [2, 1], "dtype": "float32", "codes": {"tensor": "s.codes", "element": el8, "packing": pk(1, order=[0] * n)}}
+        out[f"a1-nested-packing-order-{n}"] = one(q_file({"w": r2(scale=scale(encoded=nested))}, {"w.codes": codes24, "s.codes": u8([[1], [2]])},
+                                                         version="1.2"), want)
+    out["a1-grid-size-65"] = one(q_file({"w": r2(scale={"blocks": {"type": "grid", "size": [1] * 65}, "op": "multiply", "tensor": "w.scale"})},
+                                        {"w.codes": codes24, "w.scale": f32([[1.0], [2.0]])}, version="1.2"), "BLOCKS_INVALID")
+    # A2: members in header order: a tensor entry before a bad __metadata__ decides
+    out["a2-entry-before-metadata"] = one(raw_file('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":1},"__metadata__":{"k":1}}', b"\0"),
+                                          "TENSOR_ENTRY_INVALID")
+    out["a2-metadata-before-entry"] = one(raw_file('{"__metadata__":{"k":1},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":1}}', b"\0"),
+                                          "METADATA_INVALID")
+    # A3: the exact NOT_SAFETENSORS rule in place of a failing check 2 or 3
+    for name, head, want in (("gguf", b"GGUF\x03\x00\x00\x00", "NOT_SAFETENSORS"), ("zip", b"PK\x03\x04\x14\x00\x00\x00", "NOT_SAFETENSORS"),
+                             ("pickle", b"\x80\x02}q\x00(X\x05", "NOT_SAFETENSORS"), ("pickle-protocol-6", b"\x80\x06}q\x00(X\x05", "HEADER_TOO_LARGE"),
+                             ("text", b"# README", "NOT_SAFETENSORS"), ("text-nbsp", b"ab\xc2\xa0defg", "NOT_SAFETENSORS"),
+                             ("text-cut-utf8", b"abcdef\xe2\x82", "NOT_SAFETENSORS"), ("text-bad-cut", b"abcdef\xe0\x80", "HEADER_TOO_LARGE"),
+                             ("text-control", b"abc\x01defg", "HEADER_TOO_LARGE"), ("text-del", b"abc\x7fdefg", "HEADER_TOO_LARGE"),
+                             ("text-c1-control", b"ab\xc2\x85defg", "HEADER_TOO_LARGE"), ("binary", bytes(range(1, 9)), "HEADER_TOO_LARGE")):
+        out[f"a3-{name}"] = one(head + b"x" * 40, want)
+    out["a3-too-small-first"] = one(b"GGUF", "HEADER_TOO_SMALL")
+    # A4: a missing required layout argument before an unknown member, in a newer minor
+    tg = {"shape": [8, 128], "dtype": "float16",
+          "codes": {"tensor": "w.codes", "element": {"type": "int", "bits": 4, "signedness": "offset_binary"},
+                    "packing": {"container": 32, "bit_order": "lsb_first", "axis": 1}},
+          "layout": {"name": "tinygemm_int4_cuda", "parameters": {"foo": 1}},
+          "scale": {"blocks": {"type": "grid", "size": [1, 128]}, "op": "multiply", "tensor": "w.scale"}}
+    out["a4-missing-before-unknown"] = one(q_file({"w": tg}, {"w.codes": np.zeros((1, 2, 32, 1), np.int32), "w.scale": np.ones((8, 1), np.float16)},
+                                                  version="1.3"), "LAYOUT_INVALID")
+    # A5: a nested descriptor is checked whole, cells no element uses included
+    cb1 = {"type": "codebook", "bits": 1, "table_tensor": "s.table"}
+    outer = lambda enc: {"shape": [4, 8], "dtype": "float32", "codes": {"tensor": "w.codes", "element": el8, "packing": pk(1)},  # noqa: E731
+                         "scale": {"blocks": {"type": "grid", "size": [None, 8], "index": {"axis": 0, "tensor": "w.gidx", "count": 2}},
+                                   "op": "multiply", "encoded": enc}}
+    wc = {"w.codes": u8(np.arange(32).reshape(4, 8)), "w.gidx": np.zeros(4, np.int32)}
+    inner = {"shape": [2, 1], "dtype": "float32", "codes": {"tensor": "s.codes", "element": cb1, "packing": pk(1)}}
+    out["a5-nested-code-unused-cell"] = one(q_file({"w": outer(inner)}, {**wc, "s.codes": u8([[0], [1]]), "s.table": f32([0.5])}, version="1.2"),
+                                            "CODE_OUT_OF_RANGE")
+    inner2 = {"shape": [2, 1], "dtype": "float32", "codes": {"tensor": "s.codes", "element": el8, "packing": pk(1)},
+              "scale": {"blocks": {"type": "grid", "size": [None, 1], "index": {"axis": 0, "tensor": "s.gidx", "count": 1}},
+                        "op": "multiply", "tensor": "s.scale"}}
+    out["a5-nested-group-index-unused-cell"] = one(q_file({"w": outer(inner2)}, {**wc, "s.codes": u8([[1], [2]]), "s.gidx": np.asarray([0, 3], np.int32),
+                                                                                  "s.scale": f32([[2.0]])}, version="1.2"), "GROUP_INDEX_RANGE")
+    cb2 = {"shape": [2, 1], "dtype": "float32", "codes": {"tensor": "w.codes", "element": {"type": "codebook", "bits": 2, "table_tensor": "w.t"},
+                                                           "packing": pk(1)}}
+    out["a5-outer-codes-unchanged"] = one(q_file({"w": cb2}, {"w.codes": u8([[0], [1]]), "w.t": f32([1.0, 2.0])}, version="1.2"), "valid")
+    # A7: digests (the "--verify" ids are read with qformat-c read --verify)
+    plain = {"a": f32([1.0, 2.0]), "b": f32([3.0])}
+    good = {k: _h.sha256(v.tobytes()).hexdigest() for k, v in plain.items()}
+    dig = lambda tensors, comps, descs=None: q_file(descs or {}, comps, version="1.2", digests={"algorithm": "sha256", "tensors": tensors})  # noqa: E731
+    out["a7-listed-name-no-stored-tensor--verify"] = one(dig({**good, "zz": "00" * 32}, plain), "DIGEST_MISMATCH")
+    out["a7-listed-name-no-stored-tensor"] = one(dig({**good, "zz": "00" * 32}, plain), "valid")
+    comps = {"w.codes": u8([[0], [3]]), "w.t": f32([1.0, 2.0])}
+    dg = {"w.codes": "11" * 32, "w.t": _h.sha256(comps["w.t"].tobytes()).hexdigest()}
+    out["a7-damaged-reports-digest--verify"] = one(dig(dg, comps, {"w": cb2}), "DIGEST_MISMATCH")
+    out["a7-damaged-unverified"] = one(dig(dg, comps, {"w": cb2}), "CODE_OUT_OF_RANGE")
+    comps2 = {"a.codes": u8([[0], [3]]), "a.t": f32([1.0, 2.0]), "z": f32([5.0])}
+    ca = {**cb2, "codes": {**cb2["codes"], "tensor": "a.codes", "element": {"type": "codebook", "bits": 2, "table_tensor": "a.t"}}}
+    out["a7-whole-file-digests-before-decode--verify"] = one(dig({"z": "22" * 32}, comps2, {"a": ca}), "DIGEST_MISMATCH")
+    # A8: exact offsets however many digits
+    def offs(b: int, e: int, n: int = 4) -> bytes:
+        return raw_file('{"a":{"dtype":"U8","shape":[%d],"data_offsets":[%d,%d]}}' % (n, b, e), b"\0" * n)
+
+    for label, big in (("2e64", 1 << 64), ("1e150", 10 ** 150), ("1e4000", 10 ** 4000)):
+        out[f"a8-{label}-tiling"] = one(offs(big + 5, big + 9), "OFFSETS_INVALID")
+        out[f"a8-{label}-reversed"] = one(offs(big + 9, big + 5), "OFFSETS_INVALID")
+        out[f"a8-{label}-size"] = one(offs(big + 5, big + 6), "TENSOR_SIZE_MISMATCH")
+    out["a8-negative-zero"] = one(raw_file('{"a":{"dtype":"U8","shape":[4],"data_offsets":[-0,4]}}', b"\0" * 4), "valid")
+    out["a8-shape-2e64"] = one(raw_file('{"a":{"dtype":"U8","shape":[%d],"data_offsets":[0,4]}}' % (1 << 64), b"\0" * 4), "SIZE_OVERFLOW")
+    # A13: a logical tensor refused at step 5 still counts as exposed (INDEX_MISMATCH with the
+    # listing rules, before that shard's content); A16 (a directory as shard) is built by the test
+    s1 = build_file({"x": f32([1.0])})
+    bad = {"shape": [1], "dtype": "float32", "codes": {"tensor": "q.codes", "element": el8, "packing": pk(0)}, "bogus": 1}
+    s2 = q_file({"x": bad}, {"q.codes": u8([1])}, version="1.2")
+    idx = json.dumps({"weight_map": {"x": "s1.safetensors", "q.codes": "s2.safetensors"}}).encode()
+    out["a13-refused-logical-tensor-exposed"] = ({"s1.safetensors": s1, "s2.safetensors": s2, "model.safetensors.index.json": idx},
+                                                 "model.safetensors.index.json", "INDEX_MISMATCH")
+    idx = json.dumps({"weight_map": {"x": "s1.safetensors", "y": "s2.safetensors"}}).encode()
+    out["a16-directory-shard"] = ({"s1.safetensors": s1, "s2.safetensors/": b"", "model.safetensors.index.json": idx},
+                                  "model.safetensors.index.json", "INDEX_INVALID")
+    return out
+
+
+def _read_code(exe: Path, inp: Path, out: Path, verify: bool = False) -> str:
+    p = subprocess.run([str(exe), "read", *(["--verify"] if verify else []), str(inp), str(out)], capture_output=True, text=True,
+                       env=_san_env(), timeout=120)
+    if p.returncode == 0:
+        return "valid"
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    assert p.returncode == 1 and lines, (p.returncode, p.stdout, p.stderr[-2000:])
+    return lines[-1].split()[0]
+
+
+def test_spec_1_2_1_decisions(san_build: Path, tmp_path: Path) -> None:
+    """Each settled point of SPEC.md 1.2.1 a file can show, read by the sanitized qformat-c."""
+    import sys as _sys
+
+    _sys.set_int_max_str_digits(0)  # the 4000-digit offsets
+    exe = _exe(san_build, "qformat-c")
+    wrong = []
+    for cid, (files, inp, want) in _decision_files().items():
+        d = tmp_path / cid
+        d.mkdir()
+        for rel, data in files.items():
+            if rel.endswith("/"):
+                (d / rel).mkdir()
+            else:
+                (d / rel).write_bytes(data)
+        got = _read_code(exe, d / inp, d / "out.safetensors", verify=cid.endswith("--verify"))
+        if got != want:
+            wrong.append(f"{cid}: expected {want}, qformat-c read says {got}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_spec_1_2_1_checker_agrees(san_build: Path, tmp_path: Path) -> None:
+    """The checker reports the same decided codes (first problem of ``qformat-c check``), a listed
+    digest of no stored tensor under that name (A7), and NOT_SAFETENSORS is an ordinary file
+    problem of ``check --json`` (exit 1, not 2: SPEC.md 1.2.1 made it a malformed-file code)."""
+    exe = _exe(san_build, "qformat-c")
+    files = _decision_files()
+    for cid in ("a1-param-order-17", "a1-nested-packing-order-17", "a3-gguf", "a3-text", "a4-missing-before-unknown",
+                "a5-nested-code-unused-cell", "a5-nested-group-index-unused-cell", "a8-1e150-tiling"):
+        data, _, want = files[cid]
+        f = tmp_path / f"{cid}.safetensors"
+        f.write_bytes(data["input.safetensors"])
+        p = subprocess.run([str(exe), "check", str(f)], capture_output=True, text=True, env=_san_env(), timeout=60)
+        assert p.returncode == 1 and p.stdout.split("\t")[0] == want, (cid, p.stdout, p.stderr[-1000:])
+    data, _, _ = files["a7-listed-name-no-stored-tensor"]
+    f = tmp_path / "digests.safetensors"
+    f.write_bytes(data["input.safetensors"])
+    p = subprocess.run([str(exe), "check", "--digests", str(f)], capture_output=True, text=True, env=_san_env(), timeout=60)
+    assert p.returncode == 1 and p.stdout.startswith('DIGEST_MISMATCH\ttensor "zz" field digests.tensors["zz"]'), p.stdout
+    f = tmp_path / "model.gguf"
+    f.write_bytes(files["a3-gguf"][0]["input.safetensors"])
+    p = subprocess.run([str(exe), "check", "--json", str(f)], capture_output=True, text=True, env=_san_env(), timeout=60)
+    rep = json.loads(p.stdout)
+    assert p.returncode == 1 and [q["code"] for q in rep["problems"]] == ["NOT_SAFETENSORS"], (p.returncode, p.stdout)

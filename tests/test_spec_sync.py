@@ -136,10 +136,11 @@ def test_schema_limits_match_tables() -> None:
 # -- (d) version ---------------------------------------------------------------------------
 def test_title_states_spec_version(spec_text: str) -> None:
     first = spec_text.splitlines()[0]
-    m = re.fullmatch(r"# qformat (\d+\.\d+)", first)
-    assert m, f"SPEC.md must start with '# qformat MAJOR.MINOR', found {first!r}"
-    assert m.group(1) == "1.2"
-    assert m.group(1) == qformat.SPEC_VERSION
+    m = re.fullmatch(r"# qformat (\d+\.\d+) \(revision (\d+\.\d+\.\d+)\)", first)
+    assert m, f"SPEC.md must start with '# qformat MAJOR.MINOR (revision MAJOR.MINOR.PATCH)', found {first!r}"
+    assert m.group(1) == "1.2" and m.group(2) == "1.2.1"
+    assert m.group(1) == qformat.SPEC_VERSION and m.group(2) == qformat.SPEC_REVISION
+    assert m.group(2).startswith(m.group(1) + ".")
 
 
 @pytest.mark.parametrize("path", ["qformat/schema/qformat-1.0.schema.json", "qformat/schema/qformat-1.2.schema.json"])

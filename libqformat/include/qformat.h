@@ -90,7 +90,10 @@ qf_status qf_find_tensor(const qf_file *f, const char *name, size_t name_len, si
 /* Fills *out; returns the tensor's own refusal code (out->name etc. are still filled). */
 qf_status qf_tensor_info(const qf_file *f, size_t i, struct qf_tensor_info *out, qf_error *err);
 /* The first problem a reader reports for the whole file (SPEC.md 1.4), QF_OK if none (decode-
- * time refusals of 10.6 are found only by decoding). */
+ * time refusals of 10.6 are found only by decoding).  With verify_digests (qf_open_options),
+ * then every digest the file lists (3.8: after 3.7 step 7, before decode-time checks): a damaged
+ * stored tensor, or a listed name that is no stored tensor, fails the whole file with
+ * DIGEST_MISMATCH (DIGEST_UNSUPPORTED for an algorithm other than sha256). */
 qf_status qf_file_status(const qf_file *f, qf_error *err);
 
 /* Decode a quantized tensor to its logical values, rounded to the logical dtype, then written as

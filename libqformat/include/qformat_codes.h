@@ -6,7 +6,7 @@
 typedef enum qf_status {
     QF_OK = 0,
     QF_E_HEADER_TOO_SMALL = 1, /* malformed */
-    QF_E_NOT_SAFETENSORS = 2, /* usage */
+    QF_E_NOT_SAFETENSORS = 2, /* malformed */
     QF_E_HEADER_TOO_LARGE = 3, /* malformed */
     QF_E_HEADER_LENGTH_INVALID = 4, /* malformed */
     QF_E_HEADER_NOT_UTF8 = 5, /* malformed */

@@ -12,6 +12,7 @@
 #include "sha256.h"
 
 static void serialize_descriptors(qf_file *f);
+static qf_status verify_file(const qf_file *f, qf_error *err);
 
 const char *qf_status_code(qf_status s) { return (unsigned)s < QF_STATUS_COUNT ? qf_status_names[s] : "UNKNOWN"; }
 const char *qf_status_category(qf_status s) { return (unsigned)s < QF_STATUS_COUNT ? qf_status_categories[s] : ""; }
@@ -216,7 +217,7 @@ qf_status qf_file_status(const qf_file *f, qf_error *err) {
         if (p->n) { qf_error_from_prob(err, &p->v[0]); return p->v[0].status; }
     }
     if (f->plain_probs.n) { qf_error_from_prob(err, &f->plain_probs.v[0]); return f->plain_probs.v[0].status; }
-    return QF_OK;
+    return verify_file(f, err);
 }
 
 /* ---- digests (3.8) ---- */
@@ -281,6 +282,25 @@ static qf_status verify_exposed(const qf_file *f, const qf_exposed *x, qf_error 
         return s;
     }
     return QF_OK;
+}
+
+/* with verify_digests: the whole file's digests, after 3.7 step 7 and before any decode-time
+ * check (SPEC.md 1.2.1, 3.8): the first listed digest that fails, a listed name that is no
+ * stored tensor included (DIGEST_MISMATCH under that name: a request for the whole file fails) */
+static qf_status verify_file(const qf_file *f, qf_error *err) {
+    if (!f->opts.verify_digests || !f->digests) return QF_OK;
+    if (!digest_supported(f)) {
+        qf_set_error(err, QF_E_DIGEST_UNSUPPORTED, "field digests.algorithm: the digest algorithm is not one this reader implements (sha256)");
+        return QF_E_DIGEST_UNSUPPORTED;
+    }
+    const qj *ts = qj_get(f->digests, "tensors");
+    qf_probs pr = {0};
+    for (size_t k = 0; k < ts->n && !pr.n; k++) digest_problem(f, ts->keys[k], ts->items[k], owner_name(f, ts->keys[k]), &pr);
+    if (!pr.n) return QF_OK;
+    qf_error_from_prob(err, &pr.v[0]);
+    qf_status s = pr.v[0].status;
+    qf_probs_free(&pr);
+    return s;
 }
 
 /* ---- decoding ---- */

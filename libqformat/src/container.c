@@ -2,7 +2,8 @@
  * entries and the tiling of the data buffer, checked in the order of 2.3 before anything from
  * the header is used.  Nothing is allocated from an unchecked size: the header is at most
  * max_header_bytes and inside the file before it is parsed, and tensor byte ranges are exact
- * (qf_big) until the tiling check has put them inside the file. */
+ * (decimal digit strings, SPEC.md 1.2.1: however many digits) until the tiling check has put
+ * them inside the file. */
 #include <stdlib.h>
 #include "internal.h"
 
@@ -17,15 +18,60 @@ static int dtype_index(qf_str s) {
 /* A header integer: written without fraction or exponent, non-negative (-0 is 0). */
 static int header_uint(const qj *v) { return v && v->t == QJ_NUM && v->int_lit && (!v->neg || (!v->huge && v->mag == 0)); }
 
-typedef struct span { qf_big b, e; size_t idx; } span;
+typedef struct span { qf_str b, e; size_t idx; } span;
 
 static int span_cmp(const void *x, const void *y) {
     const span *a = (const span *)x, *b = (const span *)y;
-    int c = qf_big_cmp(&a->b, &b->b);
-    if (!c) c = qf_big_cmp(&a->e, &b->e);
+    int c = qf_dec_cmp(a->b, b->b);
+    if (!c) c = qf_dec_cmp(a->e, b->e);
     return c;
 }
 
+
+/* SPEC.md 1.2.1, 2.3 (d): after dropping at most 3 trailing bytes that are a cut UTF-8 sequence,
+ * b is well-formed UTF-8 (RFC 3629) whose code points are TAB, LF, CR, U+0020..U+007E or U+00A0
+ * and above */
+static int is_text(const unsigned char *b, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = b[i], cp;
+        if (c < 0x80) {
+            if (!(c == 0x09 || c == 0x0A || c == 0x0D || (c >= 0x20 && c <= 0x7E))) return 0;
+            i++;
+            continue;
+        }
+        size_t k;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) k = 1, cp = c & 0x1F;
+        else if (c == 0xE0) k = 2, lo = 0xA0, cp = c & 0x0F;
+        else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) k = 2, cp = c & 0x0F;
+        else if (c == 0xED) k = 2, hi = 0x9F, cp = c & 0x0F;
+        else if (c == 0xF0) k = 3, lo = 0x90, cp = c & 0x07;
+        else if (c >= 0xF1 && c <= 0xF3) k = 3, cp = c & 0x07;
+        else if (c == 0xF4) k = 3, hi = 0x8F, cp = c & 0x07;
+        else return 0;
+        for (size_t j = 1; j <= k; j++) {
+            if (i + j == n) return 1; /* a sequence cut by the end (at most 3 bytes): dropped */
+            unsigned x = b[i + j];
+            if (x < (j == 1 ? lo : 0x80) || x > (j == 1 ? hi : 0xBF)) return 0;
+            cp = (cp << 6) | (x & 0x3F);
+        }
+        if (cp < 0xA0) return 0; /* U+0080..U+009F: C1 controls */
+        i += k + 1;
+    }
+    return 1;
+}
+
+/* SPEC.md 1.2.1, 2.3: what a file whose first 8 bytes b (n: their little-endian value) fail
+ * check 2 or 3 is when it is no safetensors file at all, or NULL (a damaged length) */
+static const char *not_safetensors(const unsigned char *b, uint64_t n) {
+    if (!memcmp(b, "GGUF", 4)) return "a GGUF file";
+    if (!memcmp(b, "PK\x03\x04", 4)) return "a ZIP archive (a PyTorch .bin/.pt checkpoint?)";
+    if (n < ((uint64_t)1 << 48)) return NULL;
+    if (b[0] == 0x80 && b[1] >= 2 && b[1] <= 5) return "a serialized Python object stream (a PyTorch .bin checkpoint?)";
+    if (is_text(b, 8)) return "a text file";
+    return NULL;
+}
 
 static char *tensor_label(const qf_entry *e, char *buf, size_t n) {
     size_t k = e->name.n < n - 1 ? e->name.n : n - 1;
@@ -42,6 +88,13 @@ qf_status qf_parse_container(qf_file *f, qf_error *err) {
     }
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | f->data[i];
+    if (n > QF_LIMIT_MAX_HEADER_BYTES || n == 0 || n > size - 8) {
+        const char *what = not_safetensors(f->data, n);
+        if (what) {
+            qf_set_error(err, QF_E_NOT_SAFETENSORS, "the file is %s, not safetensors: its first 8 bytes are no safetensors header length", what);
+            return QF_E_NOT_SAFETENSORS;
+        }
+    }
     if (n > QF_LIMIT_MAX_HEADER_BYTES) {
         qf_set_error(err, QF_E_HEADER_TOO_LARGE, "header length %llu exceeds the limit %llu", (unsigned long long)n, QF_LIMIT_MAX_HEADER_BYTES);
         return QF_E_HEADER_TOO_LARGE;
@@ -200,32 +253,28 @@ qf_status qf_parse_container(qf_file *f, qf_error *err) {
             st = QF_E_SUB_BYTE_MISALIGNED;
             goto out;
         }
-        const qf_big *b = offs->items[0]->big, *en = offs->items[1]->big;
-        if (qf_big_cmp(en, b) < 0) {
+        qf_str b = offs->items[0]->dig, en = offs->items[1]->dig;
+        if (qf_dec_cmp(en, b) < 0) {
             qf_set_error(err, QF_E_OFFSETS_INVALID, "tensor \"%s\": data_offsets end before they begin", lab);
             st = QF_E_OFFSETS_INVALID;
             goto out;
         }
-        qf_big diff, want;
-        qf_big_sub(&diff, en, b);
-        qf_big_from_u64(&want, nbits / 8);
-        if (qf_big_cmp(&diff, &want) != 0) {
+        if (!qf_dec_is_sum(b, nbits / 8, en)) {
             qf_set_error(err, QF_E_TENSOR_SIZE_MISMATCH, "tensor \"%s\": shape needs %llu bytes, data_offsets span another length", lab,
                          (unsigned long long)(nbits / 8));
             st = QF_E_TENSOR_SIZE_MISMATCH;
             goto out;
         }
-        spans[ne].b = *b;
-        spans[ne].e = *en;
+        spans[ne].b = b;
+        spans[ne].e = en;
         spans[ne].idx = ne;
         ne++;
     }
     f->nentries = ne;
     qsort(spans, ne, sizeof(span), span_cmp);
-    qf_big pos;
-    qf_big_from_u64(&pos, 0);
+    qf_str pos = {"0", 1};
     for (size_t i = 0; i < ne; i++) {
-        if (qf_big_cmp(&spans[i].b, &pos) != 0) {
+        if (qf_dec_cmp(spans[i].b, pos) != 0) {
             qf_set_error(err, QF_E_OFFSETS_INVALID, "tensor \"%s\": data_offsets do not tile the data buffer",
                          tensor_label(&f->entries[spans[i].idx], lab, sizeof lab));
             st = QF_E_OFFSETS_INVALID;
@@ -234,17 +283,15 @@ qf_status qf_parse_container(qf_file *f, qf_error *err) {
         pos = spans[i].e;
     }
     {
-        qf_big start, total, fsz;
-        qf_big_from_u64(&start, 8 + n);
-        qf_big_add(&total, &start, &pos);
-        qf_big_from_u64(&fsz, size);
-        int c = qf_big_cmp(&total, &fsz);
-        if (c > 0) {
+        /* the data buffer's end: 8 + n + pos against the file size (pos >= 2^64: past it) */
+        uint64_t p64 = 0, total = 0;
+        int past = !qf_dec_to_u64(pos, &p64) || qf_add_u64(8 + n, p64, &total) || total > size;
+        if (past) {
             qf_set_error(err, QF_E_DATA_TRUNCATED, "the tensor data runs past the end of the file of %llu bytes", (unsigned long long)size);
             st = QF_E_DATA_TRUNCATED;
             goto out;
         }
-        if (c < 0) {
+        if (total < size) {
             qf_set_error(err, QF_E_TRAILING_BYTES, "bytes follow the last tensor's data");
             st = QF_E_TRAILING_BYTES;
             goto out;
@@ -252,8 +299,8 @@ qf_status qf_parse_container(qf_file *f, qf_error *err) {
     }
     /* every range is now inside the file */
     for (size_t i = 0; i < ne; i++) {
-        qf_big_fits_u64(&spans[i].b, &f->entries[spans[i].idx].begin);
-        qf_big_fits_u64(&spans[i].e, &f->entries[spans[i].idx].end);
+        qf_dec_to_u64(spans[i].b, &f->entries[spans[i].idx].begin);
+        qf_dec_to_u64(spans[i].e, &f->entries[spans[i].idx].end);
     }
     f->data_start = 8 + n;
     f->by_name = (size_t *)qf_arena_alloc(&f->arena, (ne ? ne : 1) * sizeof(size_t));

@@ -442,6 +442,7 @@ enum { FAST_OK = 0, FAST_NO = 1 };
 typedef struct fast_mem {
     void *rowoff[3], *colidx[3], *gidx[3], *vals[3], *bt, *codes;
     size_t cap_rowoff[3], cap_colidx[3], cap_gidx[3], cap_vals[3], cap_bt, cap_codes;
+    int nested_ok[3];         /* the encoded parameter of this slot was checked whole (nested_whole_ok) */
 } fast_mem;
 
 static void *fast_grow(void **p, size_t *cap, size_t need) {
@@ -472,6 +473,44 @@ typedef struct fast_geo { uint64_t R, C, Cfull, c0, g0, r0, r1; } fast_geo;
 static int fast_rows(const qf_file *f, const qf_desc *d, uint64_t r0, uint64_t r1, int outkind, void *out, size_t depth);
 static qf_status decode_rows_depth(const qf_file *f, const qf_desc *d, uint64_t r0, uint64_t r1, float *x, size_t depth,
                                    qf_str tensor, qf_error *err);
+
+/* SPEC.md 1.2.1, 10.6: a nested descriptor is decode-time checked whole -- every code of its codes
+ * component and every value of its group indexes, nested descriptors' included -- whether or not
+ * an element of the outer tensor uses that cell.  1 when all pass (the kernel then decodes only
+ * the cells the region uses); 0 sends the decode to the general path, which decodes the nested
+ * descriptor whole and reports the first failure in its order. */
+static int nested_whole_ok(const qf_file *f, const qf_desc *d) {
+    uint64_t numel = 1;
+    for (size_t a = 0; a < d->rank; a++) numel *= d->shape[a];
+    if (numel) {
+        if (numel > SIZE_MAX) return 0;
+        unsigned char *codes = (unsigned char *)malloc((size_t)numel);
+        float lut[256];
+        unsigned valid = 0;
+        int ok = codes && !read_codes(f, d, 0, d->rank ? d->shape[0] : 1, codes, NULL) && !element_table(f, d, lut, &valid);
+        for (uint64_t k = 0; ok && k < numel; k++) ok = codes[k] < valid;
+        free(codes);
+        if (!ok) return 0;
+    }
+    for (int r = 0; r < 3; r++) {
+        const qf_param *p = &d->p[r];
+        if (!p->present) continue;
+        if (p->has_index) {
+            int ei = qf_find_entry(f, p->index_tensor);
+            if (ei < 0 || p->index_axis >= d->rank) return 0;
+            const qf_entry *e = &f->entries[ei];
+            uint64_t S = d->shape[p->index_axis];
+            if (S > (e->end - e->begin) / dt_bytes(e->dtype)) return 0;
+            int kind = dt_kind(e->dtype);
+            for (uint64_t k = 0; k < S; k++) {
+                int64_t x = int_kind(kind, qf_entry_bytes(f, e), k);
+                if (x < 0 || (uint64_t)x >= p->index_count) return 0;
+            }
+        }
+        if (p->encoded && !nested_whole_ok(f, p->encoded)) return 0;
+    }
+    return 1;
+}
 
 /* one parameter for the kernel: cells of the region's rows, values widened only where needed */
 static int fast_param(const qf_file *f, const qf_desc *d, const qf_param *p, const fast_geo *g, qfk_param *kp, size_t *vlen,
@@ -568,6 +607,10 @@ static int fast_param(const qf_file *f, const qf_desc *d, const qf_param *p, con
     if (p->encoded) {
         const qf_desc *ed = p->encoded;
         if (ed->rank != gr || ed->rank == 0) return FAST_NO;
+        if (!m->nested_ok[slot]) {
+            if (!nested_whole_ok(f, ed)) return FAST_NO;
+            m->nested_ok[slot] = 1;
+        }
         for (size_t a = 0; a < gr; a++)
             if (ed->shape[a] != grid[a]) return FAST_NO;
         uint64_t st0 = 1;

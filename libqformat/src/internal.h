@@ -33,15 +33,11 @@ static inline int qf_str_eq(qf_str a, qf_str b) { return a.n == b.n && (a.n == 0
 static inline int qf_str_is(qf_str a, const char *z) { size_t n = strlen(z); return a.n == n && memcmp(a.p, z, n) == 0; }
 int qf_str_cmp(qf_str a, qf_str b); /* UTF-8 byte order = code point order */
 
-/* ---- exact integers of the header (SPEC.md 2.1): up to 12 x 32-bit limbs, a literal of 100
- * characters or more reads as 2^64 (any value >= 2^64 fails a later check the same way) ---- */
-#define QF_BIG_LIMBS 12
-typedef struct qf_big { uint32_t l[QF_BIG_LIMBS]; } qf_big;
-int qf_big_cmp(const qf_big *a, const qf_big *b);
-int qf_big_fits_u64(const qf_big *a, uint64_t *v);
-void qf_big_from_u64(qf_big *a, uint64_t v);
-void qf_big_sub(qf_big *r, const qf_big *a, const qf_big *b); /* a >= b */
-void qf_big_add(qf_big *r, const qf_big *a, const qf_big *b); /* saturates never (inputs < 2^330) */
+/* ---- exact integers of the header (SPEC.md 1.2.1, 2.1): offsets are compared exactly, however
+ * many digits they have, as decimal digit strings (a JSON integer has no leading zeros) ---- */
+int qf_dec_cmp(qf_str a, qf_str b);                   /* digit strings a <=> b */
+int qf_dec_is_sum(qf_str a, uint64_t add, qf_str e);  /* e == a + add */
+int qf_dec_to_u64(qf_str a, uint64_t *v);             /* 0 when a >= 2^64 */
 
 /* ---- JSON (strict: SPEC.md 1.2, 2.3 checks 6-7, 3.1, 14) ---- */
 typedef enum { QJ_NULL, QJ_BOOL, QJ_NUM, QJ_STR, QJ_ARR, QJ_OBJ } qj_type;
@@ -54,7 +50,7 @@ typedef struct qj {
     int huge;          /* int_lit and magnitude >= 2^64 */
     uint64_t mag;      /* int_lit and !huge: the magnitude */
     double d;          /* the value rounded to binary64 (RNE, strtod) */
-    qf_big *big;       /* int_lit: exact magnitude (header mode only) */
+    qf_str dig;        /* int_lit: the magnitude's decimal digits as written ("-0": "0") */
     /* QJ_STR: s; QJ_ARR: items; QJ_OBJ: keys + items */
     qf_str s;
     size_t n;

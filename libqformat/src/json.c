@@ -52,46 +52,40 @@ int qf_str_cmp(qf_str a, qf_str b) {
     return a.n < b.n ? -1 : a.n > b.n ? 1 : 0;
 }
 
-/* ------------------------------------------------------------------ big integers */
-int qf_big_cmp(const qf_big *a, const qf_big *b) {
-    for (int i = QF_BIG_LIMBS - 1; i >= 0; i--)
-        if (a->l[i] != b->l[i]) return a->l[i] < b->l[i] ? -1 : 1;
-    return 0;
+/* ------------------------------------------------------------------ decimal integers */
+int qf_dec_cmp(qf_str a, qf_str b) {
+    if (a.n != b.n) return a.n < b.n ? -1 : 1;
+    int c = a.n ? memcmp(a.p, b.p, a.n) : 0;
+    return c < 0 ? -1 : c > 0;
 }
-int qf_big_fits_u64(const qf_big *a, uint64_t *v) {
-    for (int i = 2; i < QF_BIG_LIMBS; i++)
-        if (a->l[i]) return 0;
-    *v = (uint64_t)a->l[0] | ((uint64_t)a->l[1] << 32);
+
+int qf_dec_is_sum(qf_str a, uint64_t add, qf_str e) {
+    unsigned char ad[20];
+    size_t an = 0, len;
+    for (; add; add /= 10) ad[an++] = (unsigned char)(add % 10); /* least significant first */
+    len = a.n > an ? a.n : an;
+    unsigned carry = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned s = (i < a.n ? (unsigned)(a.p[a.n - 1 - i] - '0') : 0u) + (i < an ? ad[i] : 0u) + carry;
+        carry = s / 10;
+        if (i >= e.n || (unsigned)(e.p[e.n - 1 - i] - '0') != s % 10) return 0;
+    }
+    if (carry) {
+        if (len >= e.n || e.p[e.n - 1 - len] != '1') return 0;
+        len++;
+    }
+    return e.n == len;
+}
+
+int qf_dec_to_u64(qf_str a, uint64_t *v) {
+    uint64_t x = 0;
+    for (size_t i = 0; i < a.n; i++) {
+        unsigned d = (unsigned)(a.p[i] - '0');
+        if (x > (UINT64_MAX - d) / 10) return 0;
+        x = x * 10 + d;
+    }
+    *v = x;
     return 1;
-}
-void qf_big_from_u64(qf_big *a, uint64_t v) {
-    memset(a, 0, sizeof *a);
-    a->l[0] = (uint32_t)v;
-    a->l[1] = (uint32_t)(v >> 32);
-}
-void qf_big_sub(qf_big *r, const qf_big *a, const qf_big *b) {
-    uint64_t borrow = 0;
-    for (int i = 0; i < QF_BIG_LIMBS; i++) {
-        uint64_t x = (uint64_t)a->l[i] - b->l[i] - borrow;
-        r->l[i] = (uint32_t)x;
-        borrow = (x >> 32) ? 1 : 0;
-    }
-}
-void qf_big_add(qf_big *r, const qf_big *a, const qf_big *b) {
-    uint64_t carry = 0;
-    for (int i = 0; i < QF_BIG_LIMBS; i++) {
-        uint64_t x = (uint64_t)a->l[i] + b->l[i] + carry;
-        r->l[i] = (uint32_t)x;
-        carry = x >> 32;
-    }
-}
-static void big_mul10_add(qf_big *a, unsigned d) {
-    uint64_t carry = d;
-    for (int i = 0; i < QF_BIG_LIMBS; i++) {
-        uint64_t x = (uint64_t)a->l[i] * 10 + carry;
-        a->l[i] = (uint32_t)x;
-        carry = x >> 32;
-    }
 }
 
 /* ------------------------------------------------------------------ UTF-8 */
@@ -465,14 +459,11 @@ static qj *jnumber(jp *p) {
         return v;
     }
     v->int_lit = 1;
-    if (len >= 100) { /* as the reference: a literal of 100 characters or more reads as +-2^64 */
+    v->dig.p = (const char *)s + ds;
+    v->dig.n = de - ds;
+    if (len >= 100) { /* as the reference: a value of 100 characters or more reads as +-2^64 (its digits stay exact) */
         v->huge = 1;
         v->d = neg ? -18446744073709551616.0 : 18446744073709551616.0;
-        if (p->header) {
-            v->big = (qf_big *)qf_arena_alloc(p->a, sizeof(qf_big));
-            if (!v->big) { fail(p, QJ_ERR_NOMEM, "out of memory"); return NULL; }
-            v->big->l[2] = 1;
-        }
         return v;
     }
     uint64_t mag = 0;
@@ -484,11 +475,6 @@ static qj *jnumber(jp *p) {
     v->mag = v->huge ? 0 : mag;
     v->d = v->huge ? 18446744073709551616.0 : (double)mag; /* correctly rounded conversion */
     if (neg) v->d = -v->d;
-    if (p->header) {
-        v->big = (qf_big *)qf_arena_alloc(p->a, sizeof(qf_big));
-        if (!v->big) { fail(p, QJ_ERR_NOMEM, "out of memory"); return NULL; }
-        for (size_t j = ds; j < de; j++) big_mul10_add(v->big, (unsigned)(s[j] - '0'));
-    }
     return v;
 }
 

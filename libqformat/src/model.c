@@ -100,7 +100,7 @@ static int is_blocks(const qj *b) {
     if (str_is(t, "grid")) {
         if (!has_members(b, GRID_REQ) || !only_members(b, GRID)) return 0;
         const qj *s = qj_get(b, "size");
-        if (s->t != QJ_ARR || s->n > 16) return 0;
+        if (s->t != QJ_ARR || s->n > QF_LIMIT_MAX_RANK) return 0; /* the schema's 64 (SPEC.md 1.2.1, 5.5 B-grid) */
         for (size_t i = 0; i < s->n; i++)
             if (s->items[i]->t != QJ_NULL && !int_in(s->items[i], 1, MAX_SAFE)) return 0;
         const qj *ix = qj_get(b, "index");
@@ -173,8 +173,8 @@ static void desc_failures(const qj *d, const char *at, sfail *out) {
                         sf_add(out, QF_E_PACKING_INVALID, "D8", pk, "'bit_order' is not lsb_first or msb_first");
                     if ((x = qj_get(p, "axis")) && !(x->t == QJ_NULL || int_in(x, 0, 15)))
                         sf_add(out, QF_E_PACKING_INVALID, "D8", pk, "'axis' is not null or an integer 0..15");
-                    if ((x = qj_get(p, "order")) && !array_ints(x, 0, 16, 0, 15))
-                        sf_add(out, QF_E_PACKING_INVALID, "D8", pk, "'order' is not an array of at most 16 integers 0..15");
+                    if ((x = qj_get(p, "order")) && !array_ints(x, 0, QF_LIMIT_MAX_RANK, 0, 15))
+                        sf_add(out, QF_E_PACKING_INVALID, "D8", pk, "'order' is not an array of at most 64 integers 0..15");
                     if ((x = qj_get(p, "straddle")) && x->t != QJ_BOOL) sf_add(out, QF_E_PACKING_INVALID, "D8", pk, "'straddle' is not a boolean");
                     if ((x = qj_get(p, "slot_order")) && !array_ints(x, 1, 256, 0, 255))
                         sf_add(out, QF_E_PACKING_INVALID, "D8", pk, "'slot_order' is not an array of 1 to 256 integers 0..255");
@@ -205,7 +205,7 @@ static void desc_failures(const qj *d, const char *at, sfail *out) {
         else if (r == QF_ROLE_SCALE) bad |= !(str_is(op, "multiply") || str_is(op, "divide"));
         else bad |= !(str_is(op, "add") || str_is(op, "subtract"));
         if (qj_has(q, "tensor") && !is_name(qj_get(q, "tensor"))) bad = 1;
-        if (qj_has(q, "order") && !array_ints(qj_get(q, "order"), 0, 16, 0, 15)) bad = 1;
+        if (qj_has(q, "order") && !array_ints(qj_get(q, "order"), 0, QF_LIMIT_MAX_RANK, 0, 15)) bad = 1;
         if (bad) sf_add(out, QF_E_SCHEMA_VIOLATION, "D10", rp, "not a parameter as 5.5 D10 describes it");
         if (qj_has(q, "blocks") && !is_blocks(qj_get(q, "blocks"))) sf_add(out, QF_E_BLOCKS_INVALID, "D11", rp, "blocks are not grid or flat blocks as 5.5 describes them");
         if (qj_has(q, "encoded")) {
@@ -502,6 +502,11 @@ static void layout_problems(vctx *v, const qf_desc *d, int minor, size_t depth, 
         ADD(bad, "layout.parameters", "layout \"%s\" takes no parameters", info->name);
         return;
     }
+    /* SPEC.md 1.2.1, 11.1: a missing required argument (LAYOUT_INVALID in every minor) comes
+     * before unknown members and values outside the list (FEATURE_UNSUPPORTED in a newer minor) */
+    for (unsigned k = 0; k < info->nparams; k++)
+        if (!qj_get(prm, info->params[k].name))
+            ADD(QF_E_LAYOUT_INVALID, "layout.parameters", "layout \"%s\" requires parameter \"%s\"", info->name, info->params[k].name);
     for (size_t i = 0; i < np; i++) {
         int known = 0;
         for (unsigned k = 0; k < info->nparams; k++) known |= qf_str_is(prm->keys[i], info->params[k].name);
@@ -509,10 +514,7 @@ static void layout_problems(vctx *v, const qf_desc *d, int minor, size_t depth, 
     }
     for (unsigned k = 0; k < info->nparams; k++) {
         const qj *val = qj_get(prm, info->params[k].name);
-        if (!val) {
-            ADD(QF_E_LAYOUT_INVALID, "layout.parameters", "layout \"%s\" requires parameter \"%s\"", info->name, info->params[k].name);
-            continue;
-        }
+        if (!val) continue;
         int ok = 0;
         int64_t x;
         if (qj_int_in(val, INT64_MIN, INT64_MAX, &x))

@@ -100,7 +100,7 @@ const char *const qf_status_names[] = {
 const char *const qf_status_categories[] = {
     "",
     "malformed",
-    "usage",
+    "malformed",
     "malformed",
     "malformed",
     "malformed",

@@ -1,9 +1,11 @@
 /* qformat-c: the command-line tool of libqformat and its conformance reader
  * (conformance/README.md, the command protocol):
  *
- *   qformat-c read INPUT OUTPUT        decode INPUT (.safetensors or *.safetensors.index.json)
+ *   qformat-c read [--verify] INPUT OUTPUT
+ *                                      decode INPUT (.safetensors or *.safetensors.index.json)
  *                                      into a plain safetensors OUTPUT; on failure print the
- *                                      error code as the first word of the last line, exit 1
+ *                                      error code as the first word of the last line, exit 1;
+ *                                      --verify: verify the digests first (SPEC.md 3.8)
  *   qformat-c check [--strict] [--digests] FILE   every problem's code, one per line
  *   qformat-c check --json [--strict] [--digests] PATH...   the JSON report of `qformat check --json`
  *   qformat-c --batch [LIST]           lines "INPUT<TAB>OUTPUT" -> one JSON line each
@@ -187,12 +189,40 @@ static unsigned char *read_all(const char *path, size_t *n, size_t limit, int *t
     return b;
 }
 
-static int load_index(const char *path, olist *out, fail *fl) {
+/* SPEC.md 14 (1.2.1): a name two shards expose is INDEX_MISMATCH, checked with the listing rules
+ * once a shard's container is read (before its qformat content is used).  A shard whose
+ * qformat object is refused at file scope (3.7 steps 1-4) exposes nothing; otherwise every
+ * member name of its `tensors` (refused at step 5 or not) and every plain tensor counts.
+ * seen: the names of the earlier shards; 1 when f adds none of them (they are then added). */
+static int exposure_ok(olist *seen, const qf_file *f, char *msg, size_t msgn) {
+    size_t n = qf_tensor_count(f);
+    for (size_t i = 0; i < n; i++) {
+        struct qf_tensor_info ti;
+        qf_tensor_info(f, i, &ti, NULL);
+        if (olist_has(seen, ti.name, ti.name_len)) {
+            snprintf(msg, msgn, "field weight_map: tensor \"%.*s\" appears in more than one shard", (int)(ti.name_len > 100 ? 100 : ti.name_len), ti.name);
+            return 0;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct qf_tensor_info ti;
+        qf_tensor_info(f, i, &ti, NULL);
+        otensor *t = olist_push(seen);
+        if (!t || !(t->name = (char *)malloc(ti.name_len + 1))) return 1; /* out of memory: the decode's own check remains */
+        memcpy(t->name, ti.name, ti.name_len);
+        t->name[ti.name_len] = 0;
+        t->name_len = ti.name_len;
+    }
+    return 1;
+}
+
+static int load_index(const char *path, olist *out, fail *fl, int verify) {
     qf_index *x = NULL;
     qf_error err;
     qf_status s = qf_index_open(path, &x, &err);
     if (s) return set_fail(fl, s, err.message);
     int ok = 1;
+    olist seen = {0};
     for (size_t k = 0; ok && k < qf_index_shard_count(x); k++) {
         char *sp = qf_index_shard_path(x, k);
         if (!sp) { ok = set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "out of memory"); break; }
@@ -200,6 +230,7 @@ static int load_index(const char *path, olist *out, fail *fl) {
         memset(&o, 0, sizeof o);
         o.struct_size = sizeof o;
         o.keep_refused = 1;
+        o.verify_digests = verify;
         qf_file *f = NULL;
         s = qf_open_path(sp, &o, &f, &err);
         free(sp);
@@ -207,10 +238,12 @@ static int load_index(const char *path, olist *out, fail *fl) {
         qf_error e2;
         qf_status m = qf_index_check_shard(x, k, f, &e2);
         if (m) ok = set_fail(fl, m, e2.message);
+        else if (!exposure_ok(&seen, f, e2.message, sizeof e2.message)) ok = set_fail(fl, QF_E_INDEX_MISMATCH, e2.message);
         else if (s) ok = set_fail(fl, s, err.message);
         else ok = load_file(f, out, fl);
         qf_close(f);
     }
+    olist_free(&seen);
     qf_index_close(x);
     return ok;
 }
@@ -220,7 +253,7 @@ static int ends_with(const char *s, const char *suf) {
     return a >= b && !strcmp(s + a - b, suf);
 }
 
-static int read_one(const char *input, const char *output, fail *fl) {
+static int read_one(const char *input, const char *output, fail *fl, int verify) {
     olist out = {0};
     int ok;
     struct stat st;
@@ -228,11 +261,15 @@ static int read_one(const char *input, const char *output, fail *fl) {
         olist_free(&out);
         return set_fail(fl, QF_E_FILE_UNREADABLE, "the input does not exist or is a folder");
     }
-    if (ends_with(input, ".json")) ok = load_index(input, &out, fl);
+    if (ends_with(input, ".json")) ok = load_index(input, &out, fl, verify);
     else {
         qf_file *f = NULL;
         qf_error err;
-        qf_status s = qf_open_path(input, NULL, &f, &err);
+        qf_open_options o;
+        memset(&o, 0, sizeof o);
+        o.struct_size = sizeof o;
+        o.verify_digests = verify;
+        qf_status s = qf_open_path(input, &o, &f, &err);
         if (s) ok = set_fail(fl, s, err.message);
         else {
             ok = load_file(f, &out, fl);
@@ -319,7 +356,7 @@ static int cmd_batch(const char *list) {
         const char *output = "/dev/null";
         if (tab) { *tab = 0; output = tab + 1; }
         fail fl = {QF_OK, ""};
-        read_one(line, output, &fl);
+        read_one(line, output, &fl, 0);
         printf("{\"input\":");
         json_out(line);
         if (fl.code) printf(",\"code\":\"%s\",\"crash\":null}\n", qf_status_code(fl.code));
@@ -530,6 +567,7 @@ static void check_index_json(jcheck *r, const char *path, unsigned flags) {
     qf_error err;
     qf_status s = qf_index_open(path, &x, &err);
     if (s) { index_problem(r, s, path, err.message); return; }
+    olist seen = {0};
     for (size_t k = 0; k < qf_index_shard_count(x); k++) {
         char *sp = qf_index_shard_path(x, k);
         if (!sp) break;
@@ -544,10 +582,12 @@ static void check_index_json(jcheck *r, const char *path, unsigned flags) {
             qf_error e2;
             qf_status m = qf_index_check_shard(x, k, f, &e2);
             if (m) index_problem(r, m, path, e2.message);
+            if (!exposure_ok(&seen, f, e2.message, sizeof e2.message)) index_problem(r, QF_E_INDEX_MISMATCH, path, e2.message);
             qf_close(f);
         }
         free(sp);
     }
+    olist_free(&seen);
     qf_index_close(x);
 }
 
@@ -599,7 +639,7 @@ static int cmd_check_json(int argc, char **argv, unsigned flags) {
     int unreadable = 0;
     for (size_t i = 0; i < total; i++) {
         qf_status s = i < r.top.n ? r.top.v[i].code : r.probs.v[i - r.top.n].code;
-        unreadable |= s == QF_E_FILE_UNREADABLE || s == QF_E_NOT_SAFETENSORS;
+        unreadable |= s == QF_E_FILE_UNREADABLE; /* NOT_SAFETENSORS is a file problem (malformed, SPEC.md 1.2.1) */
     }
     for (size_t i = 0; i < r.n; i++) free(r.v[i].path);
     free(r.v);
@@ -904,6 +944,7 @@ static int cmd_inspect_json(const char *path) {
     size_t nver = 0;
     uint64_t file_bytes = 0;
     int any_q = 0;
+    olist seen = {0};
     sbuf files = {0};
     sb_str(&files, "[");
     for (size_t k = 0; k < np && !rc; k++) {
@@ -913,10 +954,11 @@ static int cmd_inspect_json(const char *path) {
         o.keep_refused = x != NULL;
         qf_file *f = NULL;
         qf_status s = qf_open_path(paths[k], &o, &f, &err);
-        if (f && x && !s) {
+        if (f && x) { /* the listing rules and the exposure check, then the shard's qformat content (SPEC.md 14) */
             qf_error e2;
             qf_status m = qf_index_check_shard(x, k, f, &e2);
             if (m) s = m, err = e2;
+            else if (!exposure_ok(&seen, f, e2.message, sizeof e2.message)) s = QF_E_INDEX_MISMATCH, err = e2;
         }
         if (!s) s = qf_file_status(f, &err);
         if (s) {
@@ -1052,6 +1094,7 @@ static int cmd_inspect_json(const char *path) {
     free(rows);
     for (size_t m = 0; m < nver; m++) free(versions[m]);
     for (size_t m = 0; m < nowned; m++) free(owned[m]);
+    olist_free(&seen);
     free(files.p);
     if (x) qf_index_close(x);
     return rc;
@@ -1072,9 +1115,9 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "inspect")) return cmd_inspect(argv[2]);
     if (argc == 4 && !strcmp(argv[1], "inspect") && (!strcmp(argv[2], "--json") || !strcmp(argv[3], "--json")))
         return cmd_inspect_json(!strcmp(argv[2], "--json") ? argv[3] : argv[2]);
-    if (argc == 4 && !strcmp(argv[1], "read")) {
+    if ((argc == 4 || (argc == 5 && !strcmp(argv[2], "--verify"))) && !strcmp(argv[1], "read")) {
         fail fl = {QF_OK, ""};
-        if (read_one(argv[2], argv[3], &fl)) return 0;
+        if (read_one(argv[argc - 2], argv[argc - 1], &fl, argc == 5)) return 0;
         fprintf(stderr, "%s\n", fl.msg);
         printf("%s\n", qf_status_code(fl.code));
         return 1;
@@ -1083,6 +1126,6 @@ int main(int argc, char **argv) {
         printf("qformat-c %s (SPEC %s)\n", qf_version_string(), QF_SPEC_VERSION);
         return 0;
     }
-    fprintf(stderr, "usage: qformat-c read INPUT OUTPUT | check [--json] [--strict] [--digests] FILE | inspect [--json] FILE | --batch [LIST]\n");
+    fprintf(stderr, "usage: qformat-c read [--verify] INPUT OUTPUT | check [--json] [--strict] [--digests] FILE | inspect [--json] FILE | --batch [LIST]\n");
     return 2;
 }

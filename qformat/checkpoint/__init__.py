@@ -50,12 +50,19 @@ def iter_shards(path: str | os.PathLike[str]) -> Iterator[Shard]:
         yield Shard(path, _basename(path), header, interpret(header, src), src)
         return
     index = read_index(path)
+    exposed: dict[str, str] = {}  # name -> the first shard exposing it
     for shard in index.shards:
         sp = index.shard_path(shard)
         header = read_header(sp)
         src = FileSource(sp, header)
         model = interpret(header, src)
         raise_first(mismatches(index, shard, header, model))
+        # SPEC.md §14 (1.2.1): a name a second shard exposes is INDEX_MISMATCH with the listing
+        # rules, before that shard's qformat content; a logical tensor refused at step 5 counts
+        for name in model.logical_names():
+            first = exposed.setdefault(name, shard)
+            if first != shard:
+                raise error("INDEX_MISMATCH", f"tensor {name!r} appears in both {first!r} and {shard!r}", tensor=name, field="weight_map")
         yield Shard(sp, shard, header, model, src)
 
 

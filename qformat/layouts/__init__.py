@@ -94,12 +94,15 @@ def problems(desc: Descriptor, minor: int, reader_minor: int, depth: int = 0, te
     if not allowed and params:
         add(bad_code, "layout.parameters", f"layout {name!r} takes no parameters, found {sorted(params)}")
         return out
-    for p in sorted(set(params) - set(allowed)):
-        add(bad_code, f"layout.parameters.{p}", f"layout {name!r} accepts parameters {sorted(allowed)}, found unknown {p!r}")
+    # SPEC.md §11.1 (1.2.1): a missing required argument first (an error in every minor), then
+    # unknown arguments and values outside the list (FEATURE_UNSUPPORTED in a newer minor)
     for p, values in allowed.items():
         if p not in params:
             add("LAYOUT_INVALID", f"layout.parameters.{p}", f"layout {name!r} requires parameter {p!r}, one of {values}")
-        elif not _is_int(params[p]) or int(params[p]) not in values:
+    for p in sorted(set(params) - set(allowed)):
+        add(bad_code, f"layout.parameters.{p}", f"layout {name!r} accepts parameters {sorted(allowed)}, found unknown {p!r}")
+    for p, values in allowed.items():
+        if p in params and (not _is_int(params[p]) or int(params[p]) not in values):
             add(bad_code, f"layout.parameters.{p}", f"expected one of {values}, found {params[p]!r}")
     if out or name == CANONICAL:
         return out
