@@ -364,3 +364,9 @@ def _(rng):
     header, data, _ = header_parts(rng)
     header["b"] = dict(header["b"], dtype="XX", shape="abc")
     return failing(raw_file(htext(header), data), "DTYPE_UNKNOWN")
+
+
+@case("settled-121-not-safetensors-pickle-framed", "a Python pickle of protocol 4 (0x80 0x04, then a frame opcode 0x95 and its 8-byte length): the length prefix reads as a small N that fails check 3, and rule c of §2.3 needs no bound on N: NOT_SAFETENSORS",
+      ["2.3"], ["container", "error:NOT_SAFETENSORS"] + ST)
+def _(rng):
+    return failing(_blob(b"\x80\x04\x95\x2a\x00\x00\x00\x00\x00\x00\x00}\x94", 50), "NOT_SAFETENSORS")

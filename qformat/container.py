@@ -222,7 +222,7 @@ def not_safetensors_kind(head: bytes) -> str | None:
                 "qformat (which `qformat check` then checks)")
     if head[:4] == b"PK\x03\x04":
         what = "a ZIP archive (a PyTorch .bin/.pt checkpoint?)"
-    elif n >= 1 << 48 and head[0] == 0x80 and 2 <= head[1] <= 5:
+    elif head[0] == 0x80 and 2 <= head[1] <= 5:  # protocols 4, 5: a frame's 8-byte length follows (N < 2^48)
         what = "a serialized Python object stream (a PyTorch .bin checkpoint?)"
     elif n >= 1 << 48 and _is_text(head):
         what = "a text file"

@@ -52,15 +52,6 @@ JS_READER = ROOT / "readers" / "js" / "bin" / "qformat-read.mjs"
 TIME_LIMIT = 20
 
 
-#: SPEC.md §2.3: recognising a file that is no safetensors file (NOT_SAFETENSORS) is optional and
-#: takes the place of check 2 or 3, so a reader that does not (the JavaScript one) reports these
-SAME_AS_NOT_SAFETENSORS = {"NOT_SAFETENSORS", "HEADER_TOO_LARGE", "HEADER_LENGTH_INVALID"}
-
-
-def same_code(a: str, b: str) -> bool:
-    return a == b or ("NOT_SAFETENSORS" in (a, b) and {a, b} <= SAME_AS_NOT_SAFETENSORS)
-
-
 class Hang(Exception):
     pass
 
@@ -289,7 +280,7 @@ def run_one(label: str, data: bytes, targets: list[str], work: Path, totals: Tot
         finding = None
         if k in ("crash", "hang"):
             finding = f"{k}: {got}"
-        elif (kind == "code") != (k == "code") or (k == "code" and not same_code(got, ref)):
+        elif (kind == "code") != (k == "code") or (k == "code" and got != ref):
             if not (name == "torch" and got == "PLAIN_DTYPE_UNSUPPORTED" and kind == "ok" and _f4_unpaired(ref)):
                 finding = f"differs: numpy {ref if kind == 'code' else 'decodes'}, {name} {got if k == 'code' else 'decodes'}"
         elif k == "ok":
@@ -355,7 +346,7 @@ def run_js(jobs: list, totals: Totals, node: str | None = None) -> None:
             finding = f"crash: {res['crash'][:300]}"
         elif res["code"] is not None:
             out = res["code"]
-            if not same_code(out, ref_out):
+            if out != ref_out:  # every code must match (NOT_SAFETENSORS is required, SPEC.md 1.2.1)
                 finding = f"differs: numpy {ref_out}, js {out}"
         else:
             out = "valid"

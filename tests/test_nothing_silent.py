@@ -66,7 +66,7 @@ def test_whole_groups_say_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_check_says_a_file_is_not_safetensors(data: bytes, what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / "model.safetensors"
     p.write_bytes(data)
-    assert main(["check", str(p)]) == 2
+    assert main(["check", str(p)]) == 1  # a file problem since SPEC.md 1.2.1 (a malformed code), like HEADER_TOO_LARGE
     out = capsys.readouterr().out
     assert "NOT_SAFETENSORS" in out and what in out and "HEADER_TOO_LARGE" not in out
     if what != "GGUF file":  # the commands that read checkpoints say the same (a GGUF file they read)

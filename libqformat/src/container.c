@@ -67,8 +67,10 @@ static int is_text(const unsigned char *b, size_t n) {
 static const char *not_safetensors(const unsigned char *b, uint64_t n) {
     if (!memcmp(b, "GGUF", 4)) return "a GGUF file";
     if (!memcmp(b, "PK\x03\x04", 4)) return "a ZIP archive (a PyTorch .bin/.pt checkpoint?)";
-    if (n < ((uint64_t)1 << 48)) return NULL;
+    /* a pickle of protocol 4 or 5 starts with a frame whose 8-byte length leaves bytes 6 and 7
+     * zero: no bound on n here */
     if (b[0] == 0x80 && b[1] >= 2 && b[1] <= 5) return "a serialized Python object stream (a PyTorch .bin checkpoint?)";
+    if (n < ((uint64_t)1 << 48)) return NULL;
     if (is_text(b, 8)) return "a text file";
     return NULL;
 }

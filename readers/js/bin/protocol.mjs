@@ -48,40 +48,87 @@ export function checkLines(path) {
   return check(bytes, { digests: true }).map((p) => `${p.code}\t${p.message}`);
 }
 
+/** The exit statuses, the same numbers as qformat's (qformat/cli.py EXIT_*; README, "Exit statuses"). */
+export const EXIT_OK = 0;
+export const EXIT_PROBLEMS = 1;
+export const EXIT_USAGE = 2;
+export const EXIT_INTERNAL = 3;
+
+/**
+ * The exit status of a refusal or of a checker's problems, by their codes' categories (SPEC.md
+ * §16): a usage-category code (FILE_UNREADABLE, ...) is a usage error, 2; a code about what a file
+ * holds (malformed, invalid, unsupported: NOT_SAFETENSORS is malformed since 1.2.1) is 1.
+ * @param {string[]} codes
+ */
+export function statusOf(codes) {
+  if (!codes.length) return EXIT_OK;
+  return codes.some((c) => ERRORS[c] === "usage") ? EXIT_USAGE : EXIT_PROBLEMS;
+}
+
+export const USAGE = `usage: qformat-read INPUT OUTPUT | --batch [LIST] | --check FILE... | --help
+
+  qformat-read INPUT OUTPUT   decode INPUT (.safetensors, or a *.safetensors.index.json) and write
+                              every tensor to OUTPUT as a plain safetensors file; on a refusal print
+                              its error code on standard output (the message on standard error)
+  qformat-read --batch [LIST] the same for many files in one process: each line of LIST (or of
+                              standard input) is "INPUT<TAB>OUTPUT"; one JSON line per input:
+                              {"input": ..., "code": null | "CODE", "crash": null | "stack"}
+  qformat-read --check FILE...
+                              print every problem a checker finds, one "CODE<TAB>message" per line
+                              (digests verified)
+
+Exit statuses (the same as qformat's): 0 done, or --check found no problem; 1 problems in the
+input (a refusal or a problem with a malformed, invalid or unsupported code, NOT_SAFETENSORS
+included); 2 usage (bad arguments, a file that cannot be read: FILE_UNREADABLE or another
+usage-category code); 3 internal error (a bug in the reader). --batch exits 0 once it answered
+every line (each answer carries its own code).`;
+
 /**
  * The command line: returns the exit status.
  * @param {string[]} args
  */
 export function main(args) {
-  if (args[0] === "--batch") {
+  if (args[0] === "--help" || args[0] === "-h") {
+    console.log(USAGE);
+    return EXIT_OK;
+  }
+  if (args[0] === "--batch" && args.length <= 2) {
     const text = readFileSync(args[1] ?? 0, "utf8");
     const lines = [];
     for (const line of text.split("\n")) if (line.trim()) lines.push(JSON.stringify(batchEntry(line)));
     process.stdout.write(lines.join("\n") + (lines.length ? "\n" : ""));
-    return 0;
+    return EXIT_OK;
   }
-  // exit statuses as qformat's (README, "Exit statuses"): 0 done or no problem, 1 problems in
-  // the input, 2 usage (arguments, a file that cannot be read: a usage-category code), 3 internal
-  if (args[0] === "--check" && args.length === 2) {
-    const lines = checkLines(args[1]);
-    for (const l of lines) console.log(l);
-    if (!lines.length) return 0;
-    return lines.some((l) => ERRORS[l.split("\t")[0]] === "usage") ? 2 : 1;
+  if (args[0] === "--check" && args.length >= 2 && !args.slice(1).some((a) => a.startsWith("--"))) {
+    /** @type {string[]} */
+    const codes = [];
+    try {
+      for (const path of args.slice(1)) {
+        for (const l of checkLines(path)) {
+          console.log(args.length > 2 ? `${path}\t${l}` : l);
+          codes.push(l.split("\t")[0]);
+        }
+      }
+    } catch (e) {
+      console.error(`qformat-read: internal error: ${e instanceof Error ? e.stack : e}`);
+      return EXIT_INTERNAL;
+    }
+    return statusOf(codes);
   }
-  if (args.length === 2) {
+  if (args.length === 2 && !args.some((a) => a.startsWith("--"))) {
     try {
       readOne(args[0], args[1]);
     } catch (e) {
       if (e instanceof QFormatError) {
         console.log(e.code);
         console.error(e.message);
-        return ERRORS[e.code] === "usage" ? 2 : 1;
+        return statusOf([e.code]);
       }
       console.error(`qformat-read: internal error: ${e instanceof Error ? e.stack : e}`);
-      return 3;
+      return EXIT_INTERNAL;
     }
-    return 0;
+    return EXIT_OK;
   }
-  console.error("usage: qformat-read INPUT OUTPUT | --batch [LIST] | --check FILE");
-  return 2;
+  console.error(USAGE);
+  return EXIT_USAGE;
 }

@@ -269,6 +269,46 @@ function groupIndex(prm, store, lo, hi, tensor) {
 }
 
 /**
+ * The decode-time checks of SPEC.md §10.6 on `region` of `desc`, in the order §1.4 (1.2.1) fixes
+ * for one tensor, before any value is computed (so a tensor decoded in chunks still reports its
+ * codes before its parameters): the codes the region uses against the codebook
+ * (CODE_OUT_OF_RANGE), then each parameter in the order zero, scale, bias: the group index values
+ * the region uses (GROUP_INDEX_RANGE), then its nested descriptor, checked whole.
+ * @param {Descriptor} desc @param {Store} store @param {Region} region @param {string|null} tensor
+ */
+function precheck(desc, store, region, tensor) {
+  const { table, valid } = elementTable(desc, store);
+  if (valid < table.length && regionSize(region) > 0) {
+    const codes = readCodes(desc, store, region);
+    let max = -1;
+    for (let i = 0; i < codes.length; i++) if (codes[i] > max) max = codes[i];
+    if (max >= valid) throw error("CODE_OUT_OF_RANGE", `code ${max} is past the end of a ${valid}-entry codebook`, tensor, "codes.tensor");
+  }
+  for (const prm of params(desc)) {
+    const gi = prm.blocks.index;
+    if (gi !== null && regionSize(region) > 0) groupIndex(prm, store, region[gi.axis][0], region[gi.axis][1], tensor);
+    if (prm.encoded !== null) checkNestedWhole(prm.encoded, store, tensor);
+  }
+}
+
+/** @type {WeakMap<Store, WeakSet<Descriptor>>} nested descriptors whose whole check passed, per store */
+const checkedWhole = new WeakMap();
+
+/**
+ * SPEC.md 1.2.1 §10.6: the nested descriptor of an encoded parameter is checked whole, whether or
+ * not an element of the outer tensor uses a cell: every code of its codes component, every value
+ * of its group indices, its own nested descriptors (precheck over its whole shape).  Once per store.
+ * @param {Descriptor} desc @param {Store} store @param {string|null} tensor
+ */
+function checkNestedWhole(desc, store, tensor) {
+  let seen = checkedWhole.get(store);
+  if (seen?.has(desc)) return;
+  precheck(desc, store, desc.shape.map((n) => /** @type {[number, number]} */ ([0, n])), tensor);
+  if (!seen) checkedWhole.set(store, (seen = new WeakSet()));
+  seen.add(desc);
+}
+
+/**
  * The binary32 values of the grid cells `box` of a parameter, row-major over the box.
  * @param {Param} prm @param {Descriptor} desc @param {Store} store @param {Region} box
  * @param {number} depth @param {string|null} tensor @param {Map<Param, Float32Array>} cache
@@ -276,6 +316,7 @@ function groupIndex(prm, store, lo, hi, tensor) {
 function gridValues(prm, desc, store, box, depth, tensor, cache) {
   if (prm.encoded !== null) {
     const enc = prm.encoded;
+    checkNestedWhole(enc, store, tensor);
     const x = decodeRegion(enc, store, box, depth + 1, tensor);
     if (enc.dtype !== "float32") for (let i = 0; i < x.length; i++) x[i] = roundTrip(x[i], enc.dtype);
     return x;
@@ -506,6 +547,7 @@ export function decode(desc, store, region, tensor) {
   const size = regionSize(reg);
   const out = allocate(desc.dtype === "float32" ? Float32Array : Uint16Array, size, `the ${size} decoded ${desc.dtype} values`, tensor);
   if (size === 0) return out;
+  precheck(desc, store, reg, tensor);
   const put = (/** @type {Float32Array} */ x, /** @type {number} */ at) => {
     if (desc.dtype === "float32") out.set(x, at);
     else if (desc.dtype === "float16") for (let i = 0; i < x.length; i++) out[at + i] = f32ToF16Bits(x[i]);

@@ -207,9 +207,24 @@ export class QFile {
   loadAll() {
     const probs = this.problems();
     if (probs.length) throw probs[0];
+    // SPEC.md 1.2.1 §3.8: a verifying whole-file request verifies every listed digest (a listed
+    // name that is no stored tensor fails it too) after step 7 and before any decode-time check,
+    // so a damaged file reports DIGEST_MISMATCH, not the symptom
+    const dg = this.model.digests ?? null;
+    if (this.verify && dg !== null) {
+      const comps = this.model.components;
+      const dp = digestProblems(dg, this.header, this.store.bytes, (s) => comps.get(s) ?? s, this._sha256);
+      if (dp.length) throw dp[0];
+      for (const name of this.keys()) this._verified.add(name);
+    }
+    // the decode-time checks (§10.6) in the code-point order of the names (§1.4, 1.2.1): decoded
+    // in that order, returned in the order of their data (as safetensors' load_file)
+    /** @type {Map<string, Tensor>} */
+    const decoded = new Map();
+    for (const name of this.keys()) decoded.set(name, this.getTensor(name));
     /** @type {Map<string, Tensor>} */
     const out = new Map();
-    for (const name of this.fileOrder()) out.set(name, this.getTensor(name));
+    for (const name of this.fileOrder()) out.set(name, /** @type {Tensor} */ (decoded.get(name)));
     return out;
   }
 }

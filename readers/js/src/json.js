@@ -9,8 +9,11 @@
 //      error, NaN/Infinity literals included: "syntax";
 //   3. after parsing, a lone surrogate escape in any string or member name: "surrogate".
 // Objects are returned as Map (member order kept, no prototype keys).  Integers (no fraction,
-// no exponent) are Numbers when safe, else BigInt (a literal of 100 characters or more is
-// read as +-2^64, like the reference); other numbers are Numbers, or JFloat in header mode.
+// no exponent) are Numbers when safe, else BigInt; other numbers are Numbers, or JFloat in header
+// mode.  In the qformat JSON a literal of 100 characters or more is read as +-2^64 (every such
+// value fails a range check); in the header (offsets, SPEC.md 1.2.1 §2.1) integers stay exact:
+// BigInt up to EXACT_DIGITS characters, a HugeInt (its decimal digits) beyond, since V8 converts
+// a decimal string to a BigInt in quadratic time.
 
 /** A JSON parse failure; `kind` is "depth", "duplicate", "syntax" or "surrogate". */
 export class JsonError extends Error {
@@ -30,6 +33,25 @@ export class JFloat {
 }
 
 const TWO64 = 1n << 64n;
+/** Header integer literals up to this many characters become BigInts; longer ones HugeInts. */
+export const EXACT_DIGITS = 4096;
+
+/**
+ * An integer literal of the header too long to convert (more than EXACT_DIGITS characters): kept
+ * as its sign and decimal digits (JSON: no leading zeros), compared and added exactly by
+ * src/container.js.  Its magnitude is at least 10^4095.
+ */
+export class HugeInt {
+  /** @param {string} lit */
+  constructor(lit) {
+    this.negative = lit[0] === "-";
+    this.digits = this.negative ? lit.slice(1) : lit;
+  }
+
+  toString() {
+    return (this.negative ? "-" : "") + this.digits;
+  }
+}
 
 /**
  * True when brackets outside strings nest at most `limit` deep in the whole text.
@@ -215,7 +237,10 @@ export function parseStrict(text, opts = {}) {
       const v = Number(lit);
       return header ? new JFloat(v) : v;
     }
-    if (lit.length >= 100) return lit[0] === "-" ? -TWO64 : TWO64;
+    if (lit.length >= 100) {
+      if (!header) return lit[0] === "-" ? -TWO64 : TWO64;
+      return lit.length <= EXACT_DIGITS ? BigInt(lit) : new HugeInt(lit);
+    }
     const v = Number(lit);
     if (Number.isSafeInteger(v)) return v;
     return BigInt(lit);

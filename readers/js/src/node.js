@@ -247,6 +247,8 @@ export function loadCheckpoint(path) {
   const placed = byShard(idx.weightMap);
   /** @type {Map<string, LoadedTensor>} */
   const out = new Map();
+  /** @type {Map<string, string>} name -> the first shard exposing it */
+  const exposed = new Map();
   for (const shard of idx.shards) {
     const p = join(idx.folder, shard);
     const src = fileSource(p);
@@ -271,10 +273,16 @@ export function loadCheckpoint(path) {
       }
       const mm = mismatches(placed, shard, f);
       if (mm.length) throw mm[0];
-      for (const [name, t] of loadFrom(f)) {
-        if (out.has(name)) throw error("INDEX_MISMATCH", `tensor ${JSON.stringify(name)} appears in more than one shard`, name, "weight_map");
-        out.set(name, t);
+      // SPEC.md 1.2.1 §14: with the listing rules, before the shard's own content: a name two
+      // shards expose (its plain tensors and every member name of its `tensors`, refused at
+      // step 5 or not, once steps 1 to 4 passed) is INDEX_MISMATCH
+      const names = f.keys();
+      for (const name of names) {
+        const first = exposed.get(name);
+        if (first !== undefined) throw error("INDEX_MISMATCH", `tensor ${JSON.stringify(name)} appears in both ${JSON.stringify(first)} and ${JSON.stringify(shard)}`, name, "weight_map");
       }
+      for (const name of names) exposed.set(name, shard);
+      for (const [name, t] of loadFrom(f)) out.set(name, t);
     } finally {
       src.close();
     }

@@ -11,6 +11,12 @@ import { CODEBOOKS, FLOAT_FORMATS, LIMITS } from "./tables.js";
 import { DIGESTS_SINCE_MINOR, digestsFailures } from "./digest.js";
 
 const MAX_SAFE = 2n ** 53n - 1n;
+/**
+ * The longest packing `order`, parameter `order` and grid `size` (D8, D10, B-grid): the schema's
+ * maxItems, 64 (SPEC.md 1.2.1 pins the schema's limit; 1.2's prose said 16).  A longer `order`
+ * than 16 can never be a permutation (its items are 0..15): the semantic checks refuse it.
+ */
+const MAX_ARRAY = 64;
 const DTYPES = ["float32", "float16", "bfloat16"];
 const DESCRIPTOR_MEMBERS = ["shape", "dtype", "codes", "zero", "scale", "bias", "layout", "allow_nonfinite_params", "scheme", "extensions"];
 const PACKING_MEMBERS = ["container", "bit_order", "axis", "order", "straddle", "slot_order", "planes", "row_alignment"];
@@ -85,7 +91,8 @@ function isBlocks(b) {
   switch (b.get("type")) {
     case "grid": {
       if (!exactly(b, ["type", "size"], ["index"])) return false;
-      if (!arrayOf(b.get("size"), 0, 16, (s) => s === null || intIn(s, 1n, MAX_SAFE))) return false;
+      // at most 64 entries (the schema's maxItems; 1.2.1): exactly r of them, the rank, by §8.1
+      if (!arrayOf(b.get("size"), 0, MAX_ARRAY, (s) => s === null || intIn(s, 1n, MAX_SAFE))) return false;
       if (!b.has("index")) return true;
       const i = b.get("index");
       return isObject(i) && exactly(i, ["axis", "tensor", "count"]) && index(i.get("axis")) && isName(i.get("tensor")) && intIn(i.get("count"), 1n, MAX_SAFE);
@@ -108,7 +115,7 @@ function packingFailures(p) {
   has("container", (v) => isInteger(v) && [8n, 16n, 32n].includes(BigInt(v)), "the integer 8, 16 or 32");
   has("bit_order", (v) => v === "lsb_first" || v === "msb_first", "lsb_first or msb_first");
   has("axis", (v) => v === null || index(v), "null or an integer 0..15");
-  has("order", (v) => arrayOf(v, 0, 16, index), "an array of at most 16 integers 0..15");
+  has("order", (v) => arrayOf(v, 0, MAX_ARRAY, index), `an array of at most ${MAX_ARRAY} integers 0..15`);
   has("straddle", (v) => typeof v === "boolean", "a boolean");
   has("slot_order", (v) => arrayOf(v, 1, 256, (x) => intIn(x, 0n, 255n)), "an array of 1 to 256 integers 0..255");
   has("planes", (v) => isObject(v) && intIn(v.get("span"), 1n, MAX_SAFE), "an object with an integer 'span' 1..2^53-1");
@@ -129,7 +136,7 @@ function paramFailures(role, q) {
     if (q.has("op")) out.push("has an 'op' (a zero point has none)");
   } else if (!ops.includes(q.get("op"))) out.push(`needs 'op' ${ops.join(" or ")}`);
   if (q.has("tensor") && !isName(q.get("tensor"))) out.push("'tensor' is not a name");
-  if (q.has("order") && !arrayOf(q.get("order"), 0, 16, index)) out.push("'order' is not an array of at most 16 integers 0..15");
+  if (q.has("order") && !arrayOf(q.get("order"), 0, MAX_ARRAY, index)) out.push(`'order' is not an array of at most ${MAX_ARRAY} integers 0..15`);
   return out;
 }
 

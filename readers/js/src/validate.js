@@ -87,13 +87,16 @@ export function layoutProblems(desc, minor, depth, tensor) {
     add(bad, "layout.parameters", `layout ${JSON.stringify(name)} takes no parameters`);
     return out;
   }
+  // 1.2.1: a missing required argument (LAYOUT_INVALID in every minor) before unknown members
+  // and values outside the list (FEATURE_UNSUPPORTED in a newer minor)
+  for (const p of Object.keys(allowed)) {
+    if (!prm.has(p)) add("LAYOUT_INVALID", `layout.parameters.${p}`, `layout ${JSON.stringify(name)} requires parameter ${JSON.stringify(p)}`);
+  }
   for (const p of [...prm.keys()].filter((k) => !allowedNames.includes(k)).sort()) add(bad, `layout.parameters.${p}`, `unknown layout parameter ${JSON.stringify(p)}`);
   for (const [p, values] of Object.entries(allowed)) {
-    if (!prm.has(p)) add("LAYOUT_INVALID", `layout.parameters.${p}`, `layout ${JSON.stringify(name)} requires parameter ${JSON.stringify(p)}`);
-    else {
-      const v = prm.get(p);
-      if (!isJsonInt(v) || !values.some((x) => BigInt(x) === BigInt(v))) add(bad, `layout.parameters.${p}`, `expected one of ${JSON.stringify(values)}`);
-    }
+    if (!prm.has(p)) continue;
+    const v = prm.get(p);
+    if (!isJsonInt(v) || !values.some((x) => BigInt(x) === BigInt(v))) add(bad, `layout.parameters.${p}`, `expected one of ${JSON.stringify(values)}`);
   }
   if (out.length || name === "canonical") return out;
   if (depth > 0) {
@@ -169,6 +172,16 @@ export function validateDescriptor(name, desc, info, depth, newer, minor) {
   if (prod(desc.shape) >= 1n << 64n) {
     add("SHAPE_INVALID", "shape", "the element count reaches 2^64");
     return probs;
+  }
+  // §5.2 (A10 of 1.2.1): an empty logical shape must be representable as §2.2 says, with the
+  // logical dtype's size: right after the size check (nested descriptors too, as the reference)
+  if (desc.shape.includes(0)) {
+    let span = desc.dtype === "float32" ? 4n : 2n;
+    for (const s of desc.shape) span *= BigInt(s || 1);
+    if (span >= 1n << 63n) {
+      add("SHAPE_UNREPRESENTABLE", "shape", `a logical ${desc.dtype} tensor of shape [${desc.shape}] is empty but too large for an array: ${span} bytes, expected below 2^63`);
+      return probs;
+    }
   }
   for (const p of extensionProblems(desc.extensions, newer, "tensor", name)) probs.push(p);
   for (const p of layoutProblems(desc, minor, depth, name)) probs.push(p);

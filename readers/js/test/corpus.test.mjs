@@ -18,6 +18,14 @@ test("check() reports exactly the corpus's expected checker codes", { skip: !hav
   }
 });
 
+test("check({strict: true}) reports exactly the corpus's strict codes (check --strict --digests, corpus 1.5.0)", { skip: !have && "no corpus" }, () => {
+  const withStrict = single.filter((c) => Array.isArray(c.strict));
+  for (const c of withStrict) {
+    const got = [...new Set(check(readFileSync(corpus + c.input), { digests: true, strict: true }).map((p) => p.code))].sort();
+    assert.deepEqual(got, [...new Set(c.strict)].sort(), c.id);
+  }
+});
+
 test("rows decoded by getSlice equal the rows of the whole tensor", { skip: !have && "no corpus" }, () => {
   let n = 0;
   for (const c of single.filter((x) => x.expect === "valid")) {
