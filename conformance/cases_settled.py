@@ -22,7 +22,7 @@ import numpy as np
 
 from . import spec_reference as R
 from .build import Built, case, failing, features_of, header_entries, pk, q_file, qformat_json, qtensor, raw_file, st_file, valid, values
-from .cases_errors import INDEX, S1, S2, U4, base, base_nested, header_parts, htext, qfile, qtext_file, second
+from .cases_errors import INDEX, S1, S2, U4, base, base_gidx, base_nested, codebook_file, header_parts, htext, qfile, qtext_file, second
 
 ST = ["clarified", "settled-1.2.1"]
 R17 = 17
@@ -370,3 +370,123 @@ def _(rng):
       ["2.3"], ["container", "error:NOT_SAFETENSORS"] + ST)
 def _(rng):
     return failing(_blob(b"\x80\x04\x95\x2a\x00\x00\x00\x00\x00\x00\x00}\x94", 50), "NOT_SAFETENSORS")
+
+
+# -- §1.4: the one code of a request, in a fixed order ----------------------------------------------------
+def _text_ordered(descs: dict[str, Any], order: list[str], version: str = "1.2") -> str:
+    """The qformat JSON with ``tensors`` members written in ``order`` (not sorted)."""
+    body = ",".join(json.dumps(n) + ":" + json.dumps(descs[n], separators=(",", ":"), sort_keys=True) for n in order)
+    return '{"tensors":{' + body + '},"version":"' + version + '"}'
+
+
+def _two_refused(rng: np.random.Generator):
+    """'w' (the base tensor) and 'v' (a second one), as descriptors and components."""
+    descs, comps, plain = base(rng)
+    v, vc = second(rng)
+    descs["v"] = v
+    comps.update(vc)
+    return descs, comps, plain
+
+
+@case("settled-121-request-order-tensors-text", "two logical tensors refused at step 5, written 'w' then 'v' in the text of 'tensors': 'w' has dtype 'float64' (DTYPE_INVALID), 'v' a shape [-1] (SHAPE_INVALID); the first in text order decides (not the first in name order): DTYPE_INVALID",
+      ["1.4", "3.7"], ["descriptor", "order", "error:DTYPE_INVALID"] + ST)
+def _(rng):
+    descs, comps, plain = _two_refused(rng)
+    descs["w"]["dtype"] = "float64"
+    descs["v"]["shape"] = [-1]
+    return failing(qtext_file(_text_ordered(descs, ["w", "v"]), comps, plain), "DTYPE_INVALID", check_codes=["DTYPE_INVALID", "SHAPE_INVALID"])
+
+
+@case("settled-121-request-order-tensors-text-reversed", "the same two tensors written 'v' then 'w': SHAPE_INVALID decides",
+      ["1.4", "3.7"], ["descriptor", "order", "error:SHAPE_INVALID"] + ST)
+def _(rng):
+    descs, comps, plain = _two_refused(rng)
+    descs["w"]["dtype"] = "float64"
+    descs["v"]["shape"] = [-1]
+    return failing(qtext_file(_text_ordered(descs, ["v", "w"]), comps, plain), "SHAPE_INVALID", check_codes=["DTYPE_INVALID", "SHAPE_INVALID"])
+
+
+@case("settled-121-request-order-integer-like-names", "logical tensors named 'b2' and '1' written in that order, 'b2' refused with DTYPE_INVALID and '1' with SHAPE_INVALID: text order holds for names that look like integers too (a JavaScript object would list '1' first): DTYPE_INVALID",
+      ["1.4", "3.7"], ["descriptor", "order", "error:DTYPE_INVALID"] + ST)
+def _(rng):
+    descs, comps, plain = _two_refused(rng)
+    descs["w"]["dtype"] = "float64"
+    descs["v"]["shape"] = [-1]
+    renamed = {"b2": descs["w"], "1": descs["v"]}
+    return failing(qtext_file(_text_ordered(renamed, ["b2", "1"]), comps, plain), "DTYPE_INVALID", check_codes=["DTYPE_INVALID", "SHAPE_INVALID"])
+
+
+@case("settled-121-request-order-claim-before-conflict", "step 6 with two problems: 'v' uses 'w.scale' as its scale too (COMPONENT_CLAIMED_TWICE for 'w' and 'v') and a third logical tensor is named 'b', the plain tensor's name (NAME_CONFLICT): COMPONENT_CLAIMED_TWICE",
+      ["1.4", "3.7", "4.3"], ["names", "order", "error:COMPONENT_CLAIMED_TWICE"] + ST)
+def _(rng):
+    descs, comps, plain = base(rng)
+    v, vc = second(rng)
+    del vc["v.scale"]
+    v["scale"]["tensor"] = "w.scale"
+    u, uc = second(rng, "u")
+    descs["v"] = v
+    descs["b"] = u
+    comps.update(vc)
+    comps.update(uc)
+    text = _text_ordered(descs, ["b", "v", "w"])
+    return failing(qtext_file(text, comps, plain), "COMPONENT_CLAIMED_TWICE", check_codes=["COMPONENT_CLAIMED_TWICE", "NAME_CONFLICT"])
+
+
+def _gidx_and_codebook(rng: np.random.Generator, a_name: str, c_name: str):
+    """A tensor (named a_name) whose group index has a value past its count, and a codebook tensor
+    (named c_name) with a code past its table: each fails only when decoded."""
+    descs, comps, plain = base_gidx(rng, [0, 0, 0, 1, 1, 1, 5])
+    dc, cc, _ = codebook_file(rng, [0, 9, 12, 4, 5, 1], table_len=10)
+    d = {a_name: descs["w"]}
+    c = {k: v for k, v in comps.items()}
+    cdesc = copy.deepcopy(dc["c"])
+    cdesc["codes"]["tensor"] = f"{c_name}.codes"
+    cdesc["codes"]["element"]["table_tensor"] = f"{c_name}.table"
+    d[c_name] = cdesc
+    c[f"{c_name}.codes"] = cc["c.codes"]
+    c[f"{c_name}.table"] = cc["c.table"]
+    return d, c, plain
+
+
+@case("settled-121-request-order-decode-name-order", "two tensors that fail only when decoded, 'w' written first: 'w' (a group index value 5 past count 2: GROUP_INDEX_RANGE) and 'a' (a code 12 past its 10-entry codebook: CODE_OUT_OF_RANGE): decode-time checks go in name order, so 'a' decides: CODE_OUT_OF_RANGE",
+      ["1.4", "10.6"], ["order", "element:codebook", "group_index", "error:CODE_OUT_OF_RANGE"] + ST)
+def _(rng):
+    d, c, plain = _gidx_and_codebook(rng, "w", "a")
+    return failing(qtext_file(_text_ordered(d, ["w", "a"]), c, plain), "CODE_OUT_OF_RANGE", check_codes=["CODE_OUT_OF_RANGE", "GROUP_INDEX_RANGE"])
+
+
+@case("settled-121-request-order-decode-name-order-reversed", "the same defects with the names swapped ('a' has the group index, 'w' the codebook): GROUP_INDEX_RANGE",
+      ["1.4", "10.6"], ["order", "element:codebook", "group_index", "error:GROUP_INDEX_RANGE"] + ST)
+def _(rng):
+    d, c, plain = _gidx_and_codebook(rng, "a", "z")
+    return failing(qtext_file(_text_ordered(d, ["z", "a"]), c, plain), "GROUP_INDEX_RANGE", check_codes=["CODE_OUT_OF_RANGE", "GROUP_INDEX_RANGE"])
+
+
+@case("settled-121-request-order-codes-before-params", "one tensor whose codes index past its codebook (CODE_OUT_OF_RANGE) and whose scale's group index has a value past its count (GROUP_INDEX_RANGE): within one tensor the codes come first: CODE_OUT_OF_RANGE",
+      ["1.4", "10.6"], ["order", "element:codebook", "group_index", "error:CODE_OUT_OF_RANGE"] + ST)
+def _(rng):
+    table = np.linspace(0.25, 2.0, 10).astype(np.float32)
+    el = {"type": "codebook", "bits": 4, "table_tensor": "w.table"}
+    codes = rng.integers(0, 10, size=(3, 7))
+    codes[1, 2] = 13
+    g = (3, 2)
+    d, c = qtensor(rng, "w.", (3, 7), "float32", el, pk(8, rank=2),
+                   {"scale": {"blocks": {"type": "grid", "size": [1, None]}, "op": "multiply", "values": values(rng, g, np.float16),
+                              "index": ({"axis": 1, "tensor": "w.g_idx", "count": 2}, np.array([0, 0, 0, 1, 1, 1, 7], np.int32))}},
+                   codes=codes, table=table)
+    return failing(q_file({"w": d}, c, {"b": rng.normal(size=3).astype(np.float32)}, version="1.2"), "CODE_OUT_OF_RANGE",
+                   check_codes=["CODE_OUT_OF_RANGE", "GROUP_INDEX_RANGE"])
+
+
+# -- §2.3: checks 6 and 7 together ------------------------------------------------------------------
+_E = '{"dtype":"F32","shape":[0],"data_offsets":[0,0]}'
+for _id, _text, _code, _what in (
+        ("dup-then-trailing-text", '{"a":%s,"a":%s} x' % (_E, _E), "HEADER_DUPLICATE_KEY", "a repeated member name in the header object, then text after the object: the object is parsed (and its repeated name found) before the bytes after it are looked at"),
+        ("dup-then-syntax-error-same-object", '{"a":{"x":1,"x":2,"y":NaN}}', "HEADER_INVALID_JSON", "an object repeats 'x' and then holds a NaN literal before it closes: the syntax error comes first in the text"),
+        ("dup-closed-then-syntax-error", '{"a":{"x":1,"x":2},"b":NaN}', "HEADER_DUPLICATE_KEY", "an inner object repeating 'x' closes before a later NaN literal: the repeated name is found first"),
+        ("surrogate-then-dup", '{"__metadata__":{"x":"\\udc00"},"a":{"x":1,"x":2}}', "HEADER_DUPLICATE_KEY", "a lone surrogate escape in an earlier string and a repeated name later: lone surrogates are looked for after the whole object is parsed"),
+        ("dup-then-too-deep", '{"a":%s,"a":%s,"z":%s%s}' % (_E, _E, "[" * 70, "]" * 70), "HEADER_INVALID_JSON", "a repeated name and, later, arrays nested 70 deep: the depth of the whole header is checked first"),
+):
+    @case(f"settled-121-header-json-{_id}", f"{_what}: {_code} (§2.3, checks 6 and 7 together)", ["2.3"], ["container", "order", f"error:{_code}"] + ST)
+    def _(rng, text=_text, code=_code):
+        return failing(raw_file(text, b""), code)

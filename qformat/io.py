@@ -480,7 +480,10 @@ def _load_one(path: str, verify: bool = False) -> dict[str, np.ndarray]:
             # SPEC.md §1.4, §3.8 (1.2.1): every listed digest, names the file lacks included, after
             # step 7 and before any decode-time check
             raise_first(f._digest_problems(sorted(f.model.digests["tensors"])))
-        return {name: f.get_tensor(name) for name in f.file_order()}
+        # SPEC.md §1.4 (1.2.1): decode-time checks go tensor by tensor in code-point order of the
+        # names, whatever order the data has; the result keeps the file's order
+        decoded = {name: f.get_tensor(name) for name in sorted(f.file_order())}
+        return {name: decoded[name] for name in f.file_order()}
 
 
 def _load_verified(path: str) -> dict[str, np.ndarray]:

@@ -212,6 +212,15 @@ qf_status qf_file_status(const qf_file *f, qf_error *err) {
             return p->v[0].status;
         }
     }
+    /* step 6: COMPONENT_CLAIMED_TWICE before NAME_CONFLICT, whatever tensor has which (1.4, 1.2.1) */
+    for (int pass = 0; pass < 2; pass++) {
+        const qf_status want = pass == 0 ? QF_E_COMPONENT_CLAIMED_TWICE : QF_E_NAME_CONFLICT;
+        for (size_t i = 0; i < f->nlogical; i++) {
+            const qf_probs *p = &f->logical[i].probs;
+            for (size_t k = 0; k < p->n; k++)
+                if (p->v[k].status == want) { qf_error_from_prob(err, &p->v[k]); return want; }
+        }
+    }
     for (size_t i = 0; i < f->nlogical; i++) {
         const qf_probs *p = &f->logical[i].probs;
         if (p->n) { qf_error_from_prob(err, &p->v[0]); return p->v[0].status; }

@@ -62,51 +62,80 @@ static int olist_has(const olist *l, const char *name, size_t n) {
     return 0;
 }
 
-/* every exposed tensor of an open file, decoded (1.4: the first problem decides) */
+/* every exposed tensor of an open file, decoded (1.4: the first problem decides; the decode-time
+ * checks go tensor by tensor in code-point order of the names, 1.2.1, while the output keeps the
+ * file's order) */
+typedef struct pending { size_t index, slot; const char *name; size_t name_len; qf_out_dtype dt; int quantized; } pending;
+
+static int by_name(const void *a, const void *b) {
+    const pending *x = (const pending *)a, *y = (const pending *)b;
+    size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
+    int c = memcmp(x->name, y->name, n); /* UTF-8 byte order is code-point order */
+    return c ? c : (x->name_len > y->name_len) - (x->name_len < y->name_len);
+}
+
 static int load_file(qf_file *f, olist *out, fail *fl) {
     qf_error err;
     qf_status s = qf_file_status(f, &err);
     if (s) return set_fail(fl, s, err.message);
     size_t n = qf_tensor_count(f);
-    for (size_t i = 0; i < n; i++) {
+    pending *todo = (pending *)calloc(n ? n : 1, sizeof *todo);
+    if (!todo) return set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "out of memory");
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) {
         struct qf_tensor_info ti;
         s = qf_tensor_info(f, i, &ti, &err);
-        if (s) return set_fail(fl, s, err.message);
+        if (s) { ok = set_fail(fl, s, err.message); break; }
         if (olist_has(out, ti.name, ti.name_len)) {
             snprintf(err.message, sizeof err.message, "tensor \"%.*s\" appears in more than one shard", (int)(ti.name_len > 100 ? 100 : ti.name_len), ti.name);
-            return set_fail(fl, QF_E_INDEX_MISMATCH, err.message);
+            ok = set_fail(fl, QF_E_INDEX_MISMATCH, err.message);
+            break;
         }
         otensor *t = olist_push(out);
-        if (!t) return set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "out of memory");
+        if (!t) { ok = set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "out of memory"); break; }
         t->name = (char *)malloc(ti.name_len + 1);
-        if (!t->name) return set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "out of memory");
+        if (!t->name) { ok = set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "out of memory"); break; }
         memcpy(t->name, ti.name, ti.name_len);
         t->name[ti.name_len] = 0;
         t->name_len = ti.name_len;
         t->rank = ti.rank;
         memcpy(t->shape, ti.shape, sizeof t->shape);
+        todo[i] = (pending){i, out->n - 1, NULL, ti.name_len, QF_OUT_FLOAT32, ti.is_quantized != 0};
         if (ti.is_quantized) {
             qf_out_dtype dt = !strcmp(ti.dtype, "float32") ? QF_OUT_FLOAT32 : !strcmp(ti.dtype, "float16") ? QF_OUT_FLOAT16 : QF_OUT_BFLOAT16;
+            todo[i].dt = dt;
             t->dtype = dt == QF_OUT_FLOAT32 ? "F32" : dt == QF_OUT_FLOAT16 ? "F16" : "BF16";
-            if (ti.nbytes > SIZE_MAX) return set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "too large");
+            if (ti.nbytes > SIZE_MAX) { ok = set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "too large"); break; }
             t->nbytes = (size_t)ti.nbytes;
+        } else {
+            t->dtype = ti.dtype;
+        }
+    }
+    if (ok) {
+        for (size_t i = 0; i < n; i++) todo[i].name = out->v[todo[i].slot].name;
+        qsort(todo, n, sizeof *todo, by_name);
+    }
+    for (size_t k = 0; k < n && ok; k++) {
+        otensor *t = &out->v[todo[k].slot];
+        size_t i = todo[k].index;
+        if (todo[k].quantized) {
             t->data = (unsigned char *)malloc(t->nbytes ? t->nbytes : 1);
-            if (!t->data) return set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "out of memory for the decoded values");
-            s = qf_decode(f, i, dt, t->data, t->nbytes, &err);
-            if (s) return set_fail(fl, s, err.message);
+            if (!t->data) { ok = set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "out of memory for the decoded values"); break; }
+            s = qf_decode(f, i, todo[k].dt, t->data, t->nbytes, &err);
+            if (s) { ok = set_fail(fl, s, err.message); break; }
         } else {
             const void *p;
             size_t nb;
             s = qf_plain_bytes(f, i, &p, &nb, &err);
-            if (s) return set_fail(fl, s, err.message);
-            t->dtype = ti.dtype;
+            if (s) { ok = set_fail(fl, s, err.message); break; }
             t->nbytes = nb;
             t->data = (unsigned char *)malloc(nb ? nb : 1);
-            if (!t->data) return set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "out of memory");
+            if (!t->data) { ok = set_fail(fl, QF_E_SHAPE_UNREPRESENTABLE, "out of memory"); break; }
             if (nb) memcpy(t->data, p, nb);
         }
     }
-    return 1;
+    free(todo);
+    return ok;
 }
 
 /* ---- writing a plain safetensors file ---- */
