@@ -490,3 +490,10 @@ for _id, _text, _code, _what in (
     @case(f"settled-121-header-json-{_id}", f"{_what}: {_code} (§2.3, checks 6 and 7 together)", ["2.3"], ["container", "order", f"error:{_code}"] + ST)
     def _(rng, text=_text, code=_code):
         return failing(raw_file(text, b""), code)
+
+
+@case("settled-121-request-order-decode-code-points", "two tensors that fail only when decoded, named U+FF01 (a group index past its count: GROUP_INDEX_RANGE) and U+1F600 (a code past its codebook: CODE_OUT_OF_RANGE): code-point order puts U+FF01 first (UTF-16 code-unit order would put U+1F600, a surrogate pair, first): GROUP_INDEX_RANGE",
+      ["1.4", "10.6", "3.2"], ["order", "element:codebook", "group_index", "error:GROUP_INDEX_RANGE"] + ST)
+def _(rng):
+    d, c, plain = _gidx_and_codebook(rng, "\uff01", "\U0001f600")
+    return failing(qtext_file(_text_ordered(d, ["\U0001f600", "\uff01"]), c, plain), "GROUP_INDEX_RANGE", check_codes=["CODE_OUT_OF_RANGE", "GROUP_INDEX_RANGE"])
