@@ -1,4 +1,4 @@
-"""qformat benchmark harness: ``python -m bench`` (see bench/README section in the top README).
+"""qformat benchmark harness: ``python -m bench`` (see docs/performance.md).
 
 Every figure is measured in one run, on the same data, as the median of several repetitions,
 and quoted as a ratio to a baseline measured in that run: NumPy memcpy (``np.copyto`` into a

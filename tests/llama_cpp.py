@@ -137,7 +137,7 @@ def build_dir(src: Path | None = None, flags: Sequence[str] = BUILD_FLAGS, tools
 
 
 def build_record(src: Path | None = None, flags: Sequence[str] = BUILD_FLAGS, tools: Sequence[str] = TOOLS) -> dict:
-    """What the build recorded: flags, jobs, seconds, compiler (for the README's numbers)."""
+    """What the build recorded: flags, jobs, seconds, compiler (for docs/llama-cpp.md's numbers)."""
     return json.loads((build_dir(src, flags, tools) / BUILD_RECORD).read_text())
 
 

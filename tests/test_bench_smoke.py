@@ -3,7 +3,7 @@
 No speed is asserted here (timings on a shared machine are noise); the full run,
 ``python -m bench``, evaluates the targets.  This only keeps the harness from rotting: each
 section runs, its equality checks against gguf-py / bitsandbytes / safetensors hold, and the
-JSON it writes has the rows the README's table is built from.
+JSON it writes has the rows docs/performance.md's tables are built from.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """qformat's GGUF files run in llama.cpp itself (marker ``llama_cpp``, deselected by default; run
-with ``./test.sh -m llama_cpp``; the README's "llama.cpp verification" says what it downloads
+with ``./test.sh -m llama_cpp``; docs/llama-cpp.md says what it downloads
 and builds).
 
 - Round trip: GGUF files llama.cpp made (its converter: F16; ``llama-quantize``: Q4_0, Q8_0,

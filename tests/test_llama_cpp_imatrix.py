@@ -1,4 +1,4 @@
-"""``--imatrix`` against llama.cpp itself (marker ``llama_cpp``; README, "llama.cpp verification").
+"""``--imatrix`` against llama.cpp itself (marker ``llama_cpp``; docs/llama-cpp.md).
 
 - Files: ``llama-imatrix`` of the tiny Llama 3's F32 GGUF over the test paragraph, in its GGUF
   format and its legacy .dat format; :func:`qformat.imatrix.load_imatrix` reads both, and

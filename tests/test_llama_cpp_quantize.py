@@ -1,5 +1,5 @@
-"""qformat's GGUF encoders against ``llama-quantize`` itself (marker ``llama_cpp``; the README's
-"llama.cpp verification" says what is built and how to run it).
+"""qformat's GGUF encoders against ``llama-quantize`` itself (marker ``llama_cpp``;
+docs/llama-cpp.md says what is built and how to run it).
 
 - Types: ``llama-quantize --pure`` of an F32 GGUF (llama.cpp's own converter of the tiny Llama 3,
   once as trained and once with its weights replaced by awkward random data: heavy tails, zero,

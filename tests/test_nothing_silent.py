@@ -121,13 +121,12 @@ def test_export_gguf_into_a_folder(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "g") == ["q.gguf"]
 
 
-# -- item 6: the README's JavaScript snippets run as written -----------------------------------
+# -- item 6: the JavaScript reader guide's snippets run as written (docs/javascript.md) ---------
 def _js_blocks() -> list[str]:
     import re
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("### A JavaScript reader", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```js\n(.*?)```", section, re.S)
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "javascript.md").read_text()
+    return re.findall(r"```js\n(.*?)```", guide, re.S)
 
 
 def _readme_model(folder: Path) -> None:
@@ -152,7 +151,7 @@ def test_readme_javascript_runs_in_node(tmp_path: Path) -> None:
 
 def test_readme_javascript_runs_in_a_browser(tmp_path: Path) -> None:
     """The browser snippet as written, in a module script of a page that headless Chromium loads
-    over HTTP on loopback, with the reader copied beside the page as the README says."""
+    over HTTP on loopback, with the reader copied beside the page as docs/javascript.md says."""
     from tests import browser
 
     if (why := browser.available()) is not None:

@@ -41,7 +41,7 @@ def _readable_refused() -> list[Any]:
     §12.5: padding bits, an empty tensor's out-of-range group index, non-finite scales, ...)."""
     man = json.loads((CORPUS / "manifest.json").read_text())
     # DIGEST_UNSUPPORTED alone is no refusal for a command: nothing says the bytes are wrong
-    # (check.Admission; the README's "Digests")
+    # (check.Admission; docs/cli.md, "Digests")
     return [pytest.param(c, id=c["id"]) for c in man["cases"]
             if c["expect"] == "valid" and set(c.get("check") or []) - {"DIGEST_UNSUPPORTED"}
             and c["input"].endswith(".safetensors")]
