@@ -27,6 +27,7 @@ def test_js_bench_runs_and_outputs_are_bit_identical(tmp_path: Path) -> None:
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert [r["scheme"] for r in rows] == ["int4 g32", "nf4", "mxfp4", "fp8_e4m3"]
+    assert [r["scheme"] for r in rows] == ["int4 g32", "nf4", "mxfp4", "fp8_e4m3", "gguf Q4_K"]
     assert all(r["bit_identical"] and r["js_mvals"] > 0 and r["numpy_mvals"] > 0 for r in rows)
-    assert "| scheme | NumPy, 1 thread | JavaScript | JS / NumPy |" in p.stdout
+    assert all(r["js_pure_mvals"] > 0 for r in rows)
+    assert "| scheme | shape | NumPy, 1 thread | JavaScript | JS / NumPy | JS pure | JS pure / NumPy |" in p.stdout

@@ -483,6 +483,16 @@ static int nested_whole_ok(const qf_file *f, const qf_desc *d) {
     uint64_t numel = 1;
     for (size_t a = 0; a < d->rank; a++) numel *= d->shape[a];
     if (numel) {
+        float lut0[256];
+        unsigned valid0 = 0;
+        /* a canonical layout's codes are read without fail, each masked to `bits` bits: where the
+         * codebook holds every such code, no code can be past its end and nothing need be read */
+        if (d->layout == QF_LAYOUT_CANONICAL && d->bits >= 1 && d->bits <= 8) {
+            if (element_table(f, d, lut0, &valid0)) return 0;
+            if (valid0 >= (1u << d->bits)) numel = 0;
+        }
+    }
+    if (numel) {
         if (numel > SIZE_MAX) return 0;
         unsigned char *codes = (unsigned char *)malloc((size_t)numel);
         float lut[256];

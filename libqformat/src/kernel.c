@@ -25,6 +25,13 @@
 #define QF_X86 0
 #endif
 
+#if defined(__wasm_simd128__)
+#include <wasm_simd128.h>
+#define QF_WASM_SIMD 1
+#else
+#define QF_WASM_SIMD 0
+#endif
+
 #if defined(__GNUC__)
 #define QF_INLINE static inline __attribute__((always_inline))
 #else
@@ -108,6 +115,53 @@ __attribute__((target("avx2"))) static void lut_nib_avx2(const qfk_job *j, const
     for (; i < nb; i++) memcpy(x + 2 * i, j->bt + 2 * (size_t)b[i], 8);
 }
 
+#endif
+
+#if QF_WASM_SIMD
+/* WebAssembly SIMD128: the 16-entry table as four byte planes (byte q of each binary32 value),
+ * looked up with i8x16.swizzle on the nibbles (already in output order) and the four planes
+ * interleaved back into binary32 lanes; 16 bytes -> 32 values per step.  The table is the byte
+ * table's own values (nibble_order checked them bit for bit): the same bits as lut_generic. */
+QF_INLINE void nib16_wasm(v128_t idx, const v128_t *pl, float *x) {
+    const v128_t q0 = wasm_i8x16_swizzle(pl[0], idx), q1 = wasm_i8x16_swizzle(pl[1], idx), q2 = wasm_i8x16_swizzle(pl[2], idx),
+                 q3 = wasm_i8x16_swizzle(pl[3], idx);
+    const v128_t a = wasm_i8x16_shuffle(q0, q1, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+                 b = wasm_i8x16_shuffle(q0, q1, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31),
+                 c = wasm_i8x16_shuffle(q2, q3, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+                 d = wasm_i8x16_shuffle(q2, q3, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    wasm_v128_store(x, wasm_i16x8_shuffle(a, c, 0, 8, 1, 9, 2, 10, 3, 11));
+    wasm_v128_store(x + 4, wasm_i16x8_shuffle(a, c, 4, 12, 5, 13, 6, 14, 7, 15));
+    wasm_v128_store(x + 8, wasm_i16x8_shuffle(b, d, 0, 8, 1, 9, 2, 10, 3, 11));
+    wasm_v128_store(x + 12, wasm_i16x8_shuffle(b, d, 4, 12, 5, 13, 6, 14, 7, 15));
+}
+
+static void lut_nib_wasm(const qfk_job *j, const uint8_t *b, qfk_int w, float *x) {
+    uint8_t planes[4][16];
+    v128_t pl[4];
+    const v128_t m15 = wasm_i8x16_splat(15);
+    const int lsb = j->nib == QFK_NIB_LSB;
+    qfk_int nb = w / 2, i = 0;
+    int k;
+    for (k = 0; k < 16; k++) {
+        uint32_t u;
+        memcpy(&u, j->lut16 + k, 4);
+        planes[0][k] = (uint8_t)u;
+        planes[1][k] = (uint8_t)(u >> 8);
+        planes[2][k] = (uint8_t)(u >> 16);
+        planes[3][k] = (uint8_t)(u >> 24);
+    }
+    for (k = 0; k < 4; k++) pl[k] = wasm_v128_load(planes[k]);
+    for (; i + 16 <= nb; i += 16) {
+        const v128_t v = wasm_v128_load(b + i), lo = wasm_v128_and(v, m15), hi = wasm_u8x16_shr(v, 4);
+        const v128_t f = lsb ? lo : hi, s = lsb ? hi : lo;
+        nib16_wasm(wasm_i8x16_shuffle(f, s, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), pl, x + 2 * i);
+        nib16_wasm(wasm_i8x16_shuffle(f, s, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), pl, x + 2 * i + 16);
+    }
+    for (; i < nb; i++) memcpy(x + 2 * i, j->bt + 2 * (size_t)b[i], 8);
+}
+#endif
+
+#if QF_X86
 /* binary16 by the hardware's conversion with the rounding given in the instruction (RNE). */
 __attribute__((target("avx2,f16c"))) static void cast_f16_f16c(const float *x, uint16_t *o, qfk_int w) {
     qfk_int i = 0;
@@ -466,6 +520,11 @@ QF_INLINE void rows_body(const qfk_job *j, qfk_int r0, qfk_int r1, int lvl) {
 #if QF_X86
             if (lvl >= QFK_LVL_AVX2 && j->nib != QFK_NIB_NONE && !j->span)
                 lut_nib_avx2(j, b, t1 - t0, x);
+            else
+#endif
+#if QF_WASM_SIMD
+            if (j->nib != QFK_NIB_NONE && !j->span)
+                lut_nib_wasm(j, b, t1 - t0, x);
             else
 #endif
                 lut_generic(j, b, t1 - t0, x);

@@ -107,3 +107,43 @@ test("a box that is not whole rows decodes in JavaScript, with the same bits as 
       for (let k = 1; k < cols; k++) assert.equal(Object.is(part.data[r * (cols - 1) + k - 1], whole.data[r * cols + k]), true);
     }
   });
+
+test("a tensor of several decode chunks: the same bits whole and by rows, and a late bad code the same code",
+  { skip: !wasmInfo().loaded && "the WebAssembly module is not loaded" }, async () => {
+    const { qfile } = await import("./helpers.mjs");
+    const [R, C] = [1100, 512];  // 563,200 values: three chunks of 2^18, the last a part
+    let seed = 41;
+    const rnd = () => ((seed = (seed * 1103515245 + 12345) >>> 0) >>> 16) & 255;
+    const codes = Uint8Array.from({ length: (R * C) / 2 }, rnd);
+    const scales = new Uint16Array((R * C) / 32).map(() => 0x3000 + (rnd() << 2));
+    const desc = {
+      shape: [R, C], dtype: "float32",
+      codes: { tensor: "c", element: { type: "int", bits: 4, signedness: "twos_complement" }, packing: { container: 8, bit_order: "lsb_first", axis: 1 } },
+      scale: { op: "multiply", tensor: "s", blocks: { type: "grid", size: [1, 32] } },
+    };
+    const f = openFile(qfile({ c: { dtype: "U8", shape: [R, C / 2], data: codes }, s: { dtype: "F16", shape: [R, C / 32], data: scales } }, { w: desc }));
+    for (const dtype of [null, "float16", "bfloat16"]) {
+      const d = dtype ? { ...desc, dtype } : desc;
+      const g = dtype ? openFile(qfile({ c: { dtype: "U8", shape: [R, C / 2], data: codes }, s: { dtype: "F16", shape: [R, C / 32], data: scales } }, { w: d })) : f;
+      const before = wasmInfo().decodes;
+      const [w, j] = both(() => g.getTensor("w"));
+      assert.equal(wasmInfo().decodes, before + 1, "the module decoded it");
+      assert.deepEqual(w, j, `whole, ${dtype ?? "float32"}`);
+      for (const rows of [[3, 1097], [0, 513], [600, 1100]]) {
+        const [ws, js] = both(() => g.getSlice("w", rows));
+        assert.deepEqual(ws, js, `rows ${rows}, ${dtype ?? "float32"}`);
+      }
+    }
+    // an in-file codebook of 15 values: a code 15 in the last chunk only
+    const bad = codes.map((b) => ((b & 15) === 15 ? b - 1 : b) & ((b >> 4) === 15 ? 0xef : 0xff));
+    bad[bad.length - 3] = 0x0f;
+    const table = Float32Array.from({ length: 15 }, (_, i) => i - 7);
+    const cb = { ...desc, codes: { ...desc.codes, element: { type: "codebook", bits: 4, table_tensor: "t" } } };
+    const h = openFile(qfile({ c: { dtype: "U8", shape: [R, C / 2], data: bad }, s: { dtype: "F16", shape: [R, C / 32], data: scales },
+      t: { dtype: "F32", shape: [15], data: table } }, { w: cb }));
+    const [wb, jb] = both(() => h.getTensor("w"));
+    assert.deepEqual(wb, { code: "CODE_OUT_OF_RANGE" });
+    assert.deepEqual(jb, wb);
+    const [wr, jr] = both(() => h.getSlice("w", [0, 1000]));
+    assert.deepEqual(wr, jr, "rows without the bad code");
+  });
