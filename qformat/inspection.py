@@ -421,6 +421,13 @@ def _gguf_rows(f: Any) -> Iterator[TensorRow]:
             yield TensorRow(t.name, list(t.shape), plain_dtype(st), False, None, None, t.type_name, None, None, None, t.nbytes, _bpw(t.nbytes, n), [t.name])
             continue
         spec = g.TYPES.get(t.ggml_type)
+        computed = g.gguf_codes.TYPES.get(t.ggml_type)
+        if spec is None and computed is not None:  # codes computed per element (i-quants, TQ*, NVFP4, ...)
+            gran = str(computed.block) + (f" (sub-blocks of {computed.sub})" if computed.sub else "")
+            block = {"type": "grid", "size": [1] * (len(t.shape) - 1) + [computed.sub or computed.block]}
+            yield TensorRow(t.name, list(t.shape), "float32", True, "gguf_" + computed.name.lower(), "descriptor", computed.element_text(),
+                            block, gran, "gguf_blocks", t.nbytes, _bpw(t.nbytes, n), [t.name])
+            continue
         if spec is None:
             yield TensorRow(t.name, list(t.shape), "float32", True, "gguf_" + t.type_name.lower(), "derived",
                             f"{t.type_name} (no qformat mapping)", None, None, "gguf_blocks", t.nbytes, _bpw(t.nbytes, n), [t.name])

@@ -867,12 +867,12 @@ def _index_missing_shard(tmp: Path, valid: Path) -> Path:
 
 
 def _gguf_unknown_type(tmp: Path, valid: Path) -> Path:
-    # GGUF v3 with one tensor of ggml type 16 (IQ2_XXS), which the converter does not handle.
+    # GGUF v3 with one tensor of ggml type 9 (Q8_1), which the converter does not handle.
     name = b"w"
     body = struct.pack("<4sIQQ", b"GGUF", 3, 1, 0)
     body += struct.pack("<Q", len(name)) + name + struct.pack("<I", 2) + struct.pack("<QQ", 256, 1)
-    body += struct.pack("<IQ", 16, 0)
-    body += b"\0" * (-len(body) % 32) + b"\0" * 66
+    body += struct.pack("<IQ", 9, 0)
+    body += b"\0" * (-len(body) % 32) + b"\0" * 320  # 256 elements: 8 Q8_1 blocks of 40 bytes
     p = tmp / "iq.gguf"
     p.write_bytes(body)
     return p

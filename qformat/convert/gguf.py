@@ -24,6 +24,11 @@ Q6_K        ``(d*sc) * (q - 32)``       offset_binary 6-bit codes; scale encoded
 MXFP4       ``2^(e-128) * 2v``          codebook (E2M1 with +0 at code 8); F8_E8M0 scale ``2^(e-127)``
 ==========  ==========================  ===============================================
 
+The other ggml types (the i-quants IQ1_S ... IQ4_XS, TQ1_0, TQ2_0, NVFP4, Q1_0, Q2_0, Q8_K) have
+codes that are computed rather than bit fields (base-3 digits, lattice grid rows and sign
+patterns); :mod:`.gguf_codes` describes them, with in-file codebooks, and documents each
+mapping.  Only Q8_1 is refused (``CONVERT_UNSUPPORTED``; see there why).
+
 Multiplication is commutative in IEEE 754 (``d*sc`` and ``sc*d`` round alike), and for MXFP4
 both sides are the exact product of a power of two and an E2M1 value rounded once.  Two MXFP4
 details need care: gguf-py maps code 8 to ``+0.0`` (E2M1's ``-0``), so the element is an
@@ -57,6 +62,7 @@ from ..packing import Packing
 from ..pipeline import Component
 from ..schemes._common import codes_entry, packing
 from ._fastpack import describe_parts, extract, extract_packed, pack_canonical
+from . import gguf_codes
 from .base import Checkpoint, Converter, Described, lazy, source_error, unsupported
 from .gguf_file import GGML_TYPES, KV, GGUFFile, TensorInfo
 
@@ -190,7 +196,7 @@ def e8m0_half(e: np.ndarray) -> np.ndarray:
 
 class GGUF(Converter):
     name = "gguf"
-    title = "GGUF files (llama.cpp): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, MXFP4, F32/F16/BF16"
+    title = "GGUF files (llama.cpp): every ggml type (legacy, K-quants, i-quants, TQ*, MXFP4, NVFP4, Q1_0, Q2_0), F32/F16/BF16"
     priority = 10
 
     def detect(self, ck: Checkpoint) -> bool:
@@ -206,14 +212,18 @@ class GGUF(Converter):
             if t.ggml_type in PLAIN:
                 c = _lazy(PLAIN[t.ggml_type], t.shape, lambda t=t: f.raw(t.name).view(PLAIN[t.ggml_type]).reshape(t.shape))
                 out.plain[t.name] = Component(c.spec, c.produce, (f.path, t.start))  # little-endian bytes, as stored
-            elif t.ggml_type in TYPES:
+            elif t.ggml_type in TYPES or t.ggml_type in gguf_codes.TYPES:
                 try:
-                    _describe(out, t, lambda t=t: f.raw(t.name))
+                    if t.ggml_type in TYPES:
+                        _describe(out, t, lambda t=t: f.raw(t.name))
+                    else:
+                        gguf_codes.describe(out, t, lambda t=t: f.raw(t.name), _grid, lazy)
                     ck.release()
                 except KeyError as e:  # Described.add: a component name made twice
                     raise unsupported(f"component name {e.args[0]} is made twice (tensor names of the file collide with <name>.codes, <name>.scale, ...)", tensor=t.name) from None
             else:
-                supported = ", ".join(sorted([GGML_TYPES[i][0] for i in TYPES] + [GGML_TYPES[i][0] for i in PLAIN]))
+                supported = ", ".join(sorted([GGML_TYPES[i][0] for i in TYPES] + [GGML_TYPES[i][0] for i in gguf_codes.TYPES]
+                                             + [GGML_TYPES[i][0] for i in PLAIN]))
                 raise unsupported(f"ggml type {t.type_name} has no qformat mapping here; supported: {supported}", tensor=t.name, field=f"tensor_info[{t.name}].type")
         clash = sorted((set(out.plain) | set(out.descriptors)) & set(out.added))
         if clash:

@@ -367,11 +367,11 @@ def test_truncated_real_file_refused(tmp_path: Path) -> None:
 
 
 def test_unsupported_type_named(tmp_path: Path) -> None:
-    raw = np.zeros((1, 18), np.uint8)  # one IQ4_NL block
-    src = write_gguf(tmp_path / "m.gguf", [("w", raw, T.IQ4_NL)])
+    raw = np.zeros((1, 40), np.uint8)  # one Q8_1 block (gguf-py's size), the one type still refused
+    src = write_gguf(tmp_path / "m.gguf", [("w", raw, T.Q8_1)])
     with pytest.raises(QFormatError) as ei:
         describe(src)
-    assert ei.value.code == "CONVERT_UNSUPPORTED" and "IQ4_NL" in ei.value.message and ei.value.tensor == "w"
+    assert ei.value.code == "CONVERT_UNSUPPORTED" and "Q8_1" in ei.value.message and ei.value.tensor == "w"
 
 
 def test_component_name_collision_refused(tmp_path: Path) -> None:
