@@ -497,3 +497,9 @@ for _id, _text, _code, _what in (
 def _(rng):
     d, c, plain = _gidx_and_codebook(rng, "\uff01", "\U0001f600")
     return failing(qtext_file(_text_ordered(d, ["\U0001f600", "\uff01"]), c, plain), "GROUP_INDEX_RANGE", check_codes=["CODE_OUT_OF_RANGE", "GROUP_INDEX_RANGE"])
+
+
+@case("settled-121-header-json-depth-counts-below-zero", "a header object whose __metadata__ repeats a member name, followed by two closing braces and 64 opening brackets: the depth count over the whole text goes below zero and back up to 62 only, so the depth check passes and the repeated name decides: HEADER_DUPLICATE_KEY (a reader counting depth without sign sees it as 'too deep')",
+      ["2.3", "1.2"], ["container", "order", "error:HEADER_DUPLICATE_KEY"] + ST)
+def _(rng):
+    return failing(raw_file('{"__metadata__":{"n":"1","n":"2"}}}}' + "[" * 64, b""), "HEADER_DUPLICATE_KEY")

@@ -508,8 +508,9 @@ static qj *jvalue(jp *p) {
 
 int qj_parse(qf_arena *a, const char *text, size_t len, int header_mode, unsigned max_depth, qj **out, size_t *end,
              char *msg, size_t msgn) {
-    /* 1. depth over the whole text, brackets outside strings */
-    unsigned depth = 0;
+    /* 1. depth over the whole text, brackets outside strings; the count may go below zero (text
+     * after the object, SPEC.md 2.3 (a)), so it is signed */
+    long long depth = 0;
     int in = 0, esc = 0;
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)text[i];
@@ -519,7 +520,7 @@ int qj_parse(qf_arena *a, const char *text, size_t len, int header_mode, unsigne
             else if (c == '"') in = 0;
         } else if (c == '"') in = 1;
         else if (c == '[' || c == '{') {
-            if (++depth > max_depth) {
+            if (++depth > (long long)max_depth) {
                 if (msg) snprintf(msg, msgn, "nesting deeper than %u", max_depth);
                 return QJ_ERR_DEPTH;
             }
