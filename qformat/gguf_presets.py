@@ -202,16 +202,17 @@ def gguf_names(names: Sequence[str], config: Mapping[str, Any] | None) -> dict[s
     """Each tensor's GGUF name: a Hugging Face llama-family checkpoint's as ``qformat export --to
     gguf`` renames them (None: a tensor llama.cpp's converter leaves out), GGUF names as they
     are.  ENCODE_PARAM_INVALID when neither applies (the mixes are defined on llama.cpp's names)."""
-    from .export.gguf import ARCHITECTURES, HF_NAMES, HF_SKIPPED
+    from .architectures import by_model_type
 
     mt = (config or {}).get("model_type")
-    if mt in ARCHITECTURES:
+    table = by_model_type(mt)  # the architecture table export uses (qformat/architectures)
+    if table is not None:
         out: dict[str, str | None] = {}
         for n in names:
             out[n] = None
-            if any(re.fullmatch(p, n) for p in HF_SKIPPED):
+            if any(re.fullmatch(p, n) for p in table.skipped):
                 continue
-            for pat, repl in HF_NAMES:
+            for pat, repl in table.tensors:
                 if re.fullmatch(pat, n):
                     out[n] = re.sub(pat, repl, n)
                     break

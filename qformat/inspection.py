@@ -292,13 +292,23 @@ def _plain_row(name: str, i: TensorInfo) -> TensorRow:
 SHORT_ARRAY = 64
 
 
-def gguf_summary(kv: dict[str, Any], version: Any = None, alignment: Any = None, kv_tensors: list[str] | None = None) -> dict[str, Any]:
+#: ``tokenizer.ggml.<name>_token_id`` keys shown as the special token ids, in gguf-py's order.
+SPECIAL_IDS = ("bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "mask", "cls")
+#: The tokenizer flags shown (``tokenizer.ggml.<flag>``).
+TOKENIZER_FLAGS = ("add_bos_token", "add_eos_token", "add_sep_token", "add_space_prefix")
+
+
+def gguf_summary(kv: dict[str, Any], version: Any = None, alignment: Any = None, kv_tensors: list[str] | None = None,
+                 members: dict[str, str] | None = None) -> dict[str, Any]:
     """What a GGUF file's key/values say about the model (``kv``: key -> the JSON form the
     converter records, ``{"type", "value"}``, or a stub of a value kept elsewhere with its
     ``length``): ``architecture``, ``name``, ``file_type`` (``{"id", "name"}``, the name from
     gguf-py's ``LlamaFileType``), ``quantization_version``, ``hyperparameters`` (every
     ``<architecture>.*`` key, prefix removed; long arrays as their length), ``tokenizer``
-    (``model``, ``pre``, ``vocab_size``), the GGUF ``version``, ``alignment`` and key count."""
+    (``model``, ``pre``, ``vocab_size``, ``special_ids``: ``tokenizer.ggml.<type>_token_id`` by
+    type, ``flags``: add_bos_token, add_space_prefix ..., ``chat_template``: the text, or None),
+    the GGUF ``version``, ``alignment`` and key count.  ``members``: the ``__metadata__`` a
+    converted checkpoint keeps large values in (a chat template over 64 KiB is one)."""
     import gguf
 
     K = gguf.Keys
@@ -331,7 +341,19 @@ def gguf_summary(kv: dict[str, Any], version: Any = None, alignment: Any = None,
     if n_tokens is None and isinstance(arch, str):
         n_tokens = value(K.LLM.VOCAB_SIZE.format(arch=arch))
     model = value(K.Tokenizer.MODEL)
-    tok = None if model is None and n_tokens is None else {"model": model, "pre": value(K.Tokenizer.PRE), "vocab_size": n_tokens}
+    tok = None
+    if model is not None or n_tokens is not None:
+        template = kv.get(K.Tokenizer.CHAT_TEMPLATE)
+        text = template.get("value") if isinstance(template, dict) else None
+        if isinstance(template, dict) and "metadata" in template and members is not None:  # kept in its own member
+            try:
+                text = json.loads(members[str(template["metadata"])]).get("value")
+            except (KeyError, ValueError, AttributeError):
+                text = None
+        tok = {"model": model, "pre": value(K.Tokenizer.PRE), "vocab_size": n_tokens,
+               "special_ids": {t: value(f"tokenizer.ggml.{t}_token_id") for t in SPECIAL_IDS if isinstance(value(f"tokenizer.ggml.{t}_token_id"), int)},
+               "flags": {f: value(f"tokenizer.ggml.{f}") for f in TOKENIZER_FLAGS if isinstance(value(f"tokenizer.ggml.{f}"), bool)},
+               "chat_template": text if isinstance(text, str) else None}
     out = {"architecture": arch, "name": value(K.General.NAME), "file_type": None if ft is None else {"id": ft, "name": ft_name},
            "quantization_version": value(K.General.QUANTIZATION_VERSION), "hyperparameters": hyper, "tokenizer": tok,
            "version": version, "alignment": alignment, "keys": len(kv)}
@@ -372,7 +394,7 @@ def _recorded_gguf(o: Opened) -> tuple[dict[str, Any] | None, set[str]]:
         except (ValueError, KeyError, TypeError):
             return {"error": f"{f}: __metadata__[{GGUF_KEY!r}] is not the JSON object qformat convert records"}, set()
         moved = {str(v["tensor"]) for v in kv.values() if isinstance(v, dict) and "tensor" in v}
-        return gguf_summary(kv, meta.get("version"), meta.get("alignment"), sorted(moved)), moved
+        return gguf_summary(kv, meta.get("version"), meta.get("alignment"), sorted(moved), o.ck.metadata(f)), moved
     return None, set()
 
 
@@ -396,6 +418,16 @@ def gguf_lines(g: dict[str, Any]) -> list[str]:
     t = g["tokenizer"]
     if t is not None:
         out.append(f"  tokenizer: {t['model'] or '-'}, pre-tokenizer {t['pre'] or '-'}, vocabulary {t['vocab_size'] if t['vocab_size'] is not None else '-'}")
+        if t.get("special_ids"):
+            out.append("  special token ids: " + ", ".join(f"{k} {v}" for k, v in t["special_ids"].items()))
+        if t.get("flags"):
+            out.append("  tokenizer flags: " + ", ".join(f"{k} {str(v).lower()}" for k, v in t["flags"].items()))
+        tpl = t.get("chat_template")
+        if tpl is not None:
+            out.append(f"  chat template ({len(tpl)} characters):")
+            out += ["    " + line for line in tpl.splitlines()]
+        else:
+            out.append("  chat template: none")
     if g.get("kv_tensors"):
         out.append(f"  key/values stored as tensors (not counted as model tensors): {', '.join(g['kv_tensors'])}")
     return out

@@ -202,6 +202,10 @@ def _llama_gguf(path: Path) -> Path:
     w.add_tokenizer_pre("llama-bpe")
     w.add_token_list([f"t{i}" for i in range(9000)])  # large enough for its own metadata member once converted
     w.add_token_types([1] * 9000)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_chat_template("{% for m in messages %}<s>{{ m['content'] }}\n{% endfor %}")
     w.add_tensor("blk.0.ffn_up.weight", quant_data(T.Q4_K, (4, 256), rng), raw_dtype=T.Q4_K)
     w.add_tensor("output_norm.weight", np.ones(64, np.float32))
     w.write_header_to_file()
@@ -222,15 +226,19 @@ def test_gguf_metadata_summary(tmp_path: Path) -> None:
             "hyperparameters": {"attention.head_count": 4, "attention.head_count_kv": 2, "attention.layer_norm_rms_epsilon": pytest.approx(1e-5),
                                 "block_count": 2, "context_length": 4096, "embedding_length": 64, "feed_forward_length": 128,
                                 "rope.freq_base": 500000.0},
-            "tokenizer": {"model": "gpt2", "pre": "llama-bpe", "vocab_size": 9000}, "version": 3, "alignment": 32}
+            "tokenizer": {"model": "gpt2", "pre": "llama-bpe", "vocab_size": 9000, "special_ids": {"bos": 1, "eos": 2},
+                          "flags": {"add_bos_token": True}, "chat_template": "{% for m in messages %}<s>{{ m['content'] }}\n{% endfor %}"},
+            "version": 3, "alignment": 32}
     for path in (src, mid):
         g = inspect_checkpoint(path).to_dict()["gguf"]
-        assert g["keys"] == 16 and {k: g[k] for k in want} == want, path
+        assert g["keys"] == 20 and {k: g[k] for k in want} == want, path
         p = run_cli("inspect", str(path))
         assert p.returncode == 0, p.stderr
         assert "GGUF: architecture llama, name 'Tiny Llama', file type MOSTLY_Q4_K_M (15), quantization version 2" in p.stdout
         assert "hyperparameters: attention.head_count 4, attention.head_count_kv 2" in p.stdout and "context_length 4096" in p.stdout
         assert "tokenizer: gpt2, pre-tokenizer llama-bpe, vocabulary 9000" in p.stdout
+        assert "special token ids: bos 1, eos 2" in p.stdout and "tokenizer flags: add_bos_token true" in p.stdout
+        assert "chat template (57 characters):\n    {% for m in messages %}<s>{{ m['content'] }}\n    {% endfor %}" in p.stdout
         assert json.loads(run_cli("inspect", "--json", str(path)).stdout)["gguf"]["tokenizer"]["vocab_size"] == 9000
     d = inspect_checkpoint(mid).to_dict()
     assert {t["name"] for t in d["tensors"]} == {"blk.0.ffn_up.weight", "output_norm.weight"}  # model tensors only

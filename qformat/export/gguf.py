@@ -25,7 +25,11 @@ Names and metadata: a source that ``qformat convert`` made from a GGUF file keep
 names, tensor order, alignment and every key/value pair with its type (``__metadata__["gguf"]``
 and its ``gguf.kv.<key>`` members, or the ``gguf.kv.*`` tensors of older conversions, which are
 not exported as tensors); when the tensors are written in other types than the source recorded,
-``general.file_type`` follows them.  A Hugging Face llama-family checkpoint (``model_type``
+``general.file_type`` follows them.  The Hugging Face folder ``qformat convert model.gguf out/``
+makes keeps that record too, with transformers' tensor names: the architecture table
+(:mod:`qformat.architectures`) names them back, permutes llama's q/k rows again and adds 1 to
+Gemma's norms, so an unchanged folder gives back the original file; a GGUF architecture the table
+does not have is refused by name.  A Hugging Face llama-family checkpoint (``model_type``
 llama, mistral: architecture ``llama``; qwen2: ``qwen2``) gets the keys llama.cpp's converter
 writes (every name from gguf-py's ``gguf.Keys``; the authorship keys, ``general.name`` among them,
 from the model card as gguf-py's ``gguf.Metadata`` reads it), llama.cpp's tensor names, and for
@@ -50,6 +54,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..architectures import MODEL_TYPES, Architecture, by_gguf, by_model_type, rotary_permutation
 from ..container import TensorSpec
 from ..convert.gguf import _MXFP4_DOUBLED, METADATA_KEY, PLAIN, TYPES, _Field, _Type, e8m0_half
 from ..convert.gguf_file import DEFAULT_ALIGNMENT, GGML_TYPES, MAX_DIMS
@@ -72,26 +77,9 @@ SYMMETRIC = (("Q4_0", -8, 7), ("Q5_0", -16, 15), ("Q8_0", -128, 127))
 AFFINE = (("Q4_1", 0, 15), ("Q5_1", 0, 31))
 #: gguf-py's MXFP4 values halved: E2M1 (code 8 is +0 in ggml).
 MXFP4_VALUES = _MXFP4_DOUBLED * np.float32(0.5)
-#: Hugging Face model_type -> (gguf-py ``MODEL_ARCH`` member, whether q/k rows are permuted for
-#: llama.cpp's rotary); the architecture written is ``gguf.MODEL_ARCH_NAMES`` of the member.
-ARCHITECTURES = {"llama": ("LLAMA", True), "mistral": ("LLAMA", True), "qwen2": ("QWEN2", False)}
-#: Hugging Face tensor names -> llama.cpp's (gguf-py tensor_mapping.py, MODEL_TENSOR names).
-HF_NAMES: tuple[tuple[str, str], ...] = (
-    (r"model\.embed_tokens\.weight", "token_embd.weight"),
-    (r"model\.norm\.weight", "output_norm.weight"),
-    (r"lm_head\.weight", "output.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.q_proj\.(weight|bias)", r"blk.\1.attn_q.\2"),
-    (r"model\.layers\.(\d+)\.self_attn\.k_proj\.(weight|bias)", r"blk.\1.attn_k.\2"),
-    (r"model\.layers\.(\d+)\.self_attn\.v_proj\.(weight|bias)", r"blk.\1.attn_v.\2"),
-    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.(weight|bias)", r"blk.\1.attn_output.\2"),
-    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", r"blk.\1.ffn_gate.weight"),
-    (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", r"blk.\1.ffn_up.weight"),
-    (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"blk.\1.ffn_down.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blk.\1.attn_norm.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blk.\1.ffn_norm.weight"),
-)
-#: Hugging Face tensors llama.cpp does not use (convert_hf_to_gguf.py skips them).
-HF_SKIPPED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
+#: config.json model_type -> its entry of the architecture table (:mod:`qformat.architectures`:
+#: tensor names, rotary permutation, norm shift, keys, tokenizer model).
+ARCHITECTURES: dict[str, Architecture] = dict(MODEL_TYPES)
 
 
 # -- integer codes ---------------------------------------------------------------------------------
@@ -407,6 +395,23 @@ def _plain(name: str, out: str, ctx: Context) -> Mapped:
     return Mapped(ggml, [TensorSpec(out, ggml, shape)], build, None, {"ggml_type": ggml})
 
 
+def _shifted(m: Mapped, shift: float) -> Mapped:
+    """A plain tensor stored as ``values + shift`` in binary32 (Gemma's norms: llama.cpp
+    multiplies by its weight, transformers by ``1 + w``; convert_hf_to_gguf.py adds 1).  The
+    GGUF value is ``fl(w + 1)``, the very factor transformers computes (``1.0 + weight.float()``),
+    so llama.cpp multiplies by what transformers multiplies by; no comparison is made, since
+    transformers' GGUF loader reading it back computes ``fl(fl(w + 1) - 1)``, which is ``w``
+    except where ``|w|`` is below about 2^-24 of 1 (measured: every norm of Gemma 3 270M comes back
+    bit for bit)."""
+    inner = m.build
+
+    def build(parts: Parts) -> Mapping[str, np.ndarray]:
+        return {k: np.asarray(v, np.float32) + np.float32(shift) for k, v in inner(parts).items()}
+
+    specs = [TensorSpec(s.name, "F32", s.shape) for s in m.specs]
+    return Mapped("F32", specs, build, None, dict(m.info, ggml_type="F32", shifted=shift))
+
+
 def _permuted(m: Mapped, perm: np.ndarray) -> Mapped:
     """``m`` with its rows (axis 0) reordered: target row i is source row ``perm[i]``.  Rows of
     whole blocks move as they are; the decode puts them back for the comparison."""
@@ -425,23 +430,24 @@ def _permuted(m: Mapped, perm: np.ndarray) -> Mapped:
     return Mapped(m.kind, m.specs, build, decode, dict(m.info, permuted=True))
 
 
-def rotary_permutation(rows: int, n_head: int) -> np.ndarray:
-    """llama.cpp's q/k row order (convert_hf_to_gguf.py ``LlamaModel.permute``): per head, the
-    two halves of the head's rows interleaved.  Row i of the result is source row ``perm[i]``."""
-    return np.arange(rows).reshape(n_head, 2, rows // n_head // 2).swapaxes(1, 2).reshape(-1)
-
-
 # -- the model: names and key/value metadata ---------------------------------------------------------
 @dataclass
 class _Model:
-    """How a source's tensors are named and which KVs go with them."""
+    """How a source's tensors are named and which KVs go with them.
 
-    mode: str  # "gguf" (converted from GGUF), "hf" (llama family), "plain"
+    Modes: ``gguf``, a source converted from a GGUF file that records its key/values and tensor
+    list (``__metadata__["gguf"]``), with the GGUF's own tensor names (``qformat convert
+    model.gguf out.safetensors``) or, with ``table`` set, with transformers' names (``qformat
+    convert model.gguf out/``, the Hugging Face folder), which the architecture table maps back;
+    ``hf``, a Hugging Face checkpoint of an architecture of the table; ``plain``, anything else
+    (tensors under their own names, or refused with ``problem``)."""
+
+    mode: str  # "gguf" (converted from GGUF), "hf" (an architecture of the table), "plain"
     kvs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     alignment: int = DEFAULT_ALIGNMENT
     order: list[str] = field(default_factory=list)
     arch: str | None = None
-    permute: bool = False
+    table: Architecture | None = None  # the architecture table's entry, when names are transformers'
     config: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None  # a reason every tensor is refused
     recorded: dict[str, str] = field(default_factory=dict)  # "gguf": tensor name -> ggml type the source recorded
@@ -451,30 +457,30 @@ class _Model:
         """The GGUF name of tensor ``name`` (None: not exported), or :class:`Refusal`."""
         if self.problem is not None:
             raise Refusal(self.problem)
-        if self.mode == "gguf":
+        if self.mode == "gguf" and self.table is None:
             return None if name in self.kv_tensors else name
-        if self.mode != "hf":
+        if self.table is None:
             return name
-        for pat in HF_SKIPPED:
-            if re.fullmatch(pat, name):
-                return None
-        for pat, repl in HF_NAMES:
-            if re.fullmatch(pat, name):
-                return re.sub(pat, repl, name)
-        raise Refusal(f"no llama.cpp tensor name for {name!r} in architecture {self.arch}")
+        if name in self.kv_tensors:
+            return None
+        try:
+            return self.table.gguf_name(name)
+        except KeyError:
+            raise Refusal(f"no llama.cpp tensor name for {name!r} in architecture {self.arch}") from None
 
     def permutation(self, name: str, shape: tuple[int, ...], quantized: bool) -> np.ndarray | None:
-        if self.mode != "hf" or not self.permute:
+        if self.table is None:
             return None
-        m = re.fullmatch(r"model\.layers\.\d+\.self_attn\.(q|k)_proj\.(weight|bias)", name)
-        if m is None:
+        heads = self.table.heads_of(name, self.config)
+        if heads is None:
             return None
-        heads = int(self.config["num_attention_heads"])
-        if m.group(1) == "k":
-            heads = int(self.config.get("num_key_value_heads") or heads)
         require(bool(shape) and shape[0] % (2 * heads) == 0, f"{shape[0] if shape else 0} rows do not split into {heads} heads of two halves")
         require(len(shape) == 2 or not quantized, "a quantized 1-D q/k tensor cannot have its elements permuted for rotary")
         return rotary_permutation(shape[0], heads)
+
+    def shift(self, name: str) -> float:
+        """What llama.cpp adds to this tensor's values (Gemma's norms: 1)."""
+        return self.table.shift(name) if self.table is not None else 0.0
 
 
 def gguf_metadata(ck: Any) -> tuple[dict[str, Any], dict[str, str]] | None:
@@ -501,36 +507,59 @@ def kv_tensor_names(meta: dict[str, Any]) -> frozenset[str]:
     return frozenset(str(v["tensor"]) for v in meta.get("kv", {}).values() if isinstance(v, dict) and "tensor" in v)
 
 
+def _transformers_named(ck: Any, recorded: dict[str, str]) -> bool:
+    """Whether a converted GGUF's tensors carry transformers' names (the Hugging Face folder of
+    ``qformat convert model.gguf out/``) rather than the GGUF's own: none of the recorded names
+    is stored, as a plain tensor or as a quantized tensor's components."""
+    if not recorded:
+        return False
+    stored = set(ck.names()) if hasattr(ck, "names") else set()
+    return not any(n in stored or f"{n}.codes" in stored for n in recorded)
+
+
+def _unknown(what: str) -> str:
+    known = ", ".join(f"{a.name} (model_type {', '.join(a.model_types)})" for a in sorted(set(MODEL_TYPES.values()), key=lambda a: a.name))
+    return (f"{what} has no llama.cpp mapping in this version (tensor names, hyperparameters and tokenizer keys are known for "
+            f"model_type {', '.join(sorted(ARCHITECTURES))}: architectures {known}); a GGUF of it would not load in llama.cpp, "
+            f"so none is written (--tensors-only writes the tensors under their own names, for gguf-py and other tensor readers)")
+
+
 def _model(ctx: Context) -> _Model:
     ck = ctx.checkpoint
     if getattr(ck, "kind", None) == "gguf":
         return _Model("plain", problem="the source is a GGUF file already; export reads qformat checkpoints (`qformat convert` it first)")
+    cfg = ctx.config if isinstance(ctx.config, dict) else {}
+    mt = cfg.get("model_type")
     found = gguf_metadata(ck)
     if found is not None:
         meta, members = found
         kvs = [(k, _restored(ctx, k, v, members)) for k, v in meta["kv"].items()]
         recorded = {str(t[0]): str(t[1]) for t in meta.get("tensors", []) if isinstance(t, list) and len(t) >= 2}
-        return _Model("gguf", kvs, int(meta.get("alignment", DEFAULT_ALIGNMENT)), list(recorded), recorded=recorded,
-                      kv_tensors=kv_tensor_names(meta))
-    cfg = ctx.config if isinstance(ctx.config, dict) else {}
-    mt = cfg.get("model_type")
+        model = _Model("gguf", kvs, int(meta.get("alignment", DEFAULT_ALIGNMENT)), list(recorded), recorded=recorded,
+                       kv_tensors=kv_tensor_names(meta), config=cfg)
+        if not ctx.options.get("tensors_only") and _transformers_named(ck, recorded):
+            # a Hugging Face folder converted from this GGUF: the table maps its names back
+            arch = next((v.get("value") for k, v in kvs if k == "general.architecture"), None)
+            model.arch = str(arch) if arch is not None else None
+            model.table = by_gguf(arch)
+            if model.table is None:
+                model.problem = _unknown(f"GGUF architecture {arch!r} (config.json model_type {mt!r})")
+            elif mt is not None and mt not in model.table.model_types:
+                model.problem = (f"config.json's model_type {mt!r} is not GGUF architecture {arch!r} (model_type "
+                                 f"{', '.join(model.table.model_types)}), which the recorded GGUF metadata names")
+        return model
     if ctx.options.get("tensors_only"):  # asked for: a container of tensors, no model metadata
         return _Model("plain", config=cfg)
-    if mt in ARCHITECTURES:
-        import gguf
-
-        arch, permute = ARCHITECTURES[str(mt)]
-        model = _Model("hf", arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[arch]], permute=permute, config=cfg)
-        model.problem = _unsupported_config(cfg)
+    table = by_model_type(mt)
+    if table is not None:
+        model = _Model("hf", arch=table.name, table=table, config=cfg)
+        model.problem = _unsupported_config(cfg, table)
         return model
     model = _Model("plain", arch=str(mt) if isinstance(mt, str) else None, config=cfg)
     if mt is not None:
         # a model whose architecture has no mapping here would get transformers' tensor names and
         # no hyperparameters or tokenizer: a file llama.cpp refuses, reported as a success before
-        model.problem = (f"config.json's model_type {mt!r} has no llama.cpp mapping in this version (tensor names, "
-                         f"hyperparameters and tokenizer keys are known for model_type {', '.join(sorted(ARCHITECTURES))}); "
-                         f"a GGUF of it would not load in llama.cpp, so none is written (--tensors-only writes the "
-                         f"tensors under their own names, for gguf-py and other tensor readers)")
+        model.problem = _unknown(f"config.json's model_type {mt!r}")
     return model
 
 
@@ -559,16 +588,20 @@ def _restored(ctx: Context, key: str, v: Any, members: dict[str, str]) -> dict[s
 
 
 def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The rope parameters llama.cpp's keys take (the architecture's section of per-layer-type ones)."""
+    table = by_model_type(cfg.get("model_type"))
+    if table is not None:
+        return table.rope(cfg)
     rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     return rp if isinstance(rp, dict) else {}
 
 
-def _unsupported_config(cfg: dict[str, Any]) -> str | None:
+def _unsupported_config(cfg: dict[str, Any], table: Architecture) -> str | None:
     for k in ("num_attention_heads", "hidden_size", "num_hidden_layers"):
         if not isinstance(cfg.get(k), int):
             return f"config.json has no integer {k}"
     rt = _rope_type(cfg)
-    if rt not in ("default", "linear", "llama3", None) or (rt == "llama3" and ARCHITECTURES[cfg["model_type"]][0] != "LLAMA"):
+    if rt is not None and rt not in table.rope_types:
         return f"rope type {rt!r} (llama.cpp needs extra tensors or keys for it that this exporter does not write)"
     return None
 
@@ -620,12 +653,15 @@ def _str(v: str) -> dict[str, Any]:
 
 
 def _hf_kvs(model: _Model, entries: list[TensorEntry], ck: Any, gguf_pre: str | None) -> list[tuple[str, dict[str, Any]]]:
-    """The keys llama.cpp reads for a llama-family model (convert_hf_to_gguf.py's TextModel /
-    LlamaModel ``set_gguf_parameters``), from config.json; names from ``gguf.Keys``."""
+    """The keys llama.cpp reads for a model of an architecture of the table (convert_hf_to_gguf.py's
+    TextModel ``set_gguf_parameters`` and the architecture's own keys), from config.json; names from
+    ``gguf.Keys``."""
     import gguf
 
     K = gguf.Keys
     cfg, a = model.config, str(model.arch)
+    table = model.table
+    assert table is not None
     heads = int(cfg["num_attention_heads"])
     head_dim = _head_dim(cfg)
     rope = _rope(cfg)
@@ -653,16 +689,29 @@ def _hf_kvs(model: _Model, entries: list[TensorEntry], ck: Any, gguf_pre: str | 
     if rope.get("rope_type", rope.get("type")) == "linear":
         kv.append((K.Rope.SCALING_TYPE.format(arch=a), _str(gguf.RopeScalingType.LINEAR.value)))
         kv.append((K.Rope.SCALING_FACTOR.format(arch=a), _f32(rope["factor"])))
+    for key, typ, get in table.hparams:
+        v = get(cfg)
+        if v is not None:
+            kv.append((key.format(arch=a), _u32(v) if typ == "uint32" else _f32(v)))
     ft = preset_file_type(cfg, entries)
     if ft is not None:
         kv.append((K.General.FILE_TYPE, _u32(ft)))
     kv += imatrix_kvs(cfg)
     if cfg.get("vocab_size"):
         kv.append((K.LLM.VOCAB_SIZE.format(arch=a), _u32(cfg["vocab_size"])))
-    kv.append((K.Rope.DIMENSION_COUNT.format(arch=a), _u32(head_dim)))
+    if table.rope_dimension_count:
+        kv.append((K.Rope.DIMENSION_COUNT.format(arch=a), _u32(head_dim)))
     if any(e.ggml_type not in PLAIN_TYPES.values() for e in entries):
         kv.append((K.General.QUANTIZATION_VERSION, _u32(gguf.GGML_QUANT_VERSION)))
-    return kv + gguf_tokenizer.tokenizer_kvs(ck, cfg.get("vocab_size"), gguf_pre)
+    tok = gguf_tokenizer.tokenizer_kvs(ck, cfg.get("vocab_size"), gguf_pre)
+    if not tok and table.tokenizer_model != "gpt2":
+        # llama.cpp's converter writes this architecture's vocabulary from tokenizer.model (or a
+        # byte-level BPE tokenizer.json, which the folder does not have): no file without one
+        raise error("EXPORT_UNMAPPABLE", f"gguf: architecture {a}'s vocabulary (tokenizer.ggml.model {table.tokenizer_model!r}, "
+                    "SentencePiece) is written only from the GGUF metadata a folder converted from a GGUF file records "
+                    "(`qformat convert model.gguf out/`); this folder has neither that record nor a byte-level BPE tokenizer.json",
+                    field="tokenizer.json")
+    return kv + tok
 
 
 def file_type(ggml_type: str) -> int | None:
@@ -840,7 +889,7 @@ class GGUF(Target):
             if ctx.options.get("gguf_pre") is not None:  # a bad name fails before any tensor is planned
                 gguf_tokenizer.check_pre_name(ctx.options["gguf_pre"])
             m = self._models[id(ctx)] = _model(ctx)
-            if m.mode == "plain" and m.problem is not None:  # the whole model, before any tensor is planned
+            if m.mode in ("plain", "gguf") and m.problem is not None:  # the whole model, before any tensor is planned
                 raise error("EXPORT_UNMAPPABLE", m.problem, field="config.json model_type")
         return m
 
@@ -856,6 +905,11 @@ class GGUF(Target):
         else:
             mapped = _quantized(name, out, desc, ctx)
             shape = tuple(desc.shape)
+        shift = model.shift(name)
+        if shift:
+            require(desc is None, f"a quantized tensor that llama.cpp stores as its values plus {shift:g} ({model.arch}'s norms): "
+                    "packed codes cannot take the shift exactly")
+            mapped = _shifted(mapped, shift)
         perm = model.permutation(name, shape, desc is not None)
         return _permuted(mapped, perm) if perm is not None else mapped
 
@@ -915,6 +969,8 @@ class GGUF(Target):
         if model.mode == "hf" and _rope_type(model.config) == "llama3":
             factors = llama3_rope_factors(model.config)  # llama.cpp's Llama 3 rope scaling is this tensor
             entries.insert(0, TensorEntry("rope_freqs.weight", "F32", factors.shape, lambda: factors))
+        if model.mode == "gguf" and model.table is not None:
+            entries = _recorded_tensors(model, entries)
         kvs = self.kvs(entries, ctx)
         bar = out_.ByteProgress(sum(e.nbytes for e in entries), ctx.options.get("progress"), "export gguf")
         release = getattr(ctx.checkpoint, "release", None)
@@ -929,6 +985,25 @@ class GGUF(Target):
         finally:
             bar.close()
         return [dst]
+
+
+def _recorded_tensors(model: _Model, entries: list[TensorEntry]) -> list[TensorEntry]:
+    """A folder converted from a GGUF file: the recorded tensors transformers does not load
+    (``rope_freqs.weight`` of Llama 3 rope scaling) made again from config.json, in the recorded
+    order; any other recorded tensor missing is refused (a GGUF without it would run differently)."""
+    have = {e.name for e in entries}
+    missing = [n for n in model.order if n not in have]
+    if "rope_freqs.weight" in missing and _rope_type(model.config) == "llama3" and model.table is not None and "llama3" in model.table.rope_types:
+        factors = llama3_rope_factors(model.config)
+        entries = entries + [TensorEntry("rope_freqs.weight", "F32", factors.shape, lambda: factors)]
+        missing.remove("rope_freqs.weight")
+        rank = {n: i for i, n in enumerate(model.order)}
+        entries.sort(key=lambda e: rank.get(e.name, len(rank)))
+    if missing:
+        raise error("EXPORT_UNMAPPABLE", f"gguf: the GGUF this folder was converted from has {len(missing)} tensor(s) the folder does not "
+                    f"hold ({', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}) and that cannot be made again from config.json; "
+                    "llama.cpp would run the file differently without them", tensor=missing[0])
+    return entries
 
 
 def require_option(ok: bool, why: str) -> None:

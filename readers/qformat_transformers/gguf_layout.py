@@ -20,6 +20,11 @@ Everything model-specific is transformers' own, so the folder loads as
   ``norm - 1``) is applied to plain tensors as transformers applies it (binary32) and refused
   for a quantized one.
 
+The GGUF's key/values and tensor list stay in the weights file's ``__metadata__`` (``gguf`` and
+its ``gguf.kv.*`` members, as the single-file conversion records them), and every tensor's move is
+checked against qformat's architecture table (:func:`check_table`), which ``qformat export --to
+gguf`` applies the other way: an unchanged folder exports to the original GGUF, byte for byte.
+
 What is refused, with a code and nothing written: an architecture transformers' GGUF loader
 does not support, or one whose weights it merges or splits on load (the MoE architectures) or
 loads through its newer packed path (``CONVERT_UNSUPPORTED``, naming the architecture); a GGUF
@@ -316,6 +321,38 @@ def plan_moves(described: Any, config: Any, parsed_config: dict[str, Any], arch:
     return moves, permuted, left_out, type(model)
 
 
+def check_table(arch: str, moves: dict[str, Move], config: dict[str, Any], described: Any) -> None:
+    """transformers' GGUF loader and qformat's architecture table (:mod:`qformat.architectures`,
+    which ``qformat export --to gguf`` applies the other way) must agree on every tensor: its
+    name, its row order (llama's rotary permutation) and whether its values change (Gemma's
+    ``norm - 1``).  A disagreement is refused (``CONVERT_UNSUPPORTED``): a folder whose export
+    would not give back the GGUF.  An architecture the table does not have converts as
+    transformers loads it; its export is refused by name."""
+    from qformat.architectures import by_gguf
+
+    table = by_gguf(arch)
+    if table is None:
+        return
+    for gname, mv in moves.items():
+        try:
+            back = table.gguf_name(mv.name)
+        except KeyError:
+            back = None
+        if back != gname:
+            raise error("CONVERT_UNSUPPORTED", f"transformers loads this tensor as {mv.name!r}, which qformat's {arch} table maps to "
+                        f"{back!r}: the folder's export would not give back the GGUF", tensor=gname)
+        shape = tuple(described.descriptors[gname]["shape"]) if gname in described.descriptors else tuple(described.plain.info(gname).shape)
+        perm = table.permutation(mv.name, shape[0], config) if shape else None
+        want_rows = None if perm is None else np.argsort(perm)
+        rows_ok = (mv.rows is None and want_rows is None) or (mv.rows is not None and want_rows is not None
+                                                                and np.array_equal(np.asarray(mv.rows), want_rows))
+        shifted = table.shift(mv.name) != 0.0
+        if not rows_ok or shifted != (mv.values is not None):
+            raise error("CONVERT_UNSUPPORTED", f"transformers' GGUF loader {'reorders' if not rows_ok else 'changes'} {mv.name!r} "
+                        f"differently from qformat's {arch} table (rows {'moved' if mv.rows is not None else 'kept'}, values "
+                        f"{'changed' if mv.values is not None else 'kept'}): the folder's export would not give back the GGUF", tensor=gname)
+
+
 def convert_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], overwrite: bool = False,
                  progress: TextIO | None = None) -> Summary:
     """Convert the GGUF model file ``src`` into the Hugging Face model folder ``dst`` (see the
@@ -347,10 +384,15 @@ def convert_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], overw
         # of the GGUF metadata (gguf-py's reader takes seconds per 100k-token vocabulary)
         config = CONFIG_MAPPING[parsed["config"]["model_type"]].from_dict(dict(parsed["config"]))
     moves, permuted, left_out, model_cls = plan_moves(described, config, parsed["config"], arch, shapes)
+    check_table(arch, moves, config.to_dict(), described)
     config.architectures = [model_cls.__name__]
     files = _model_files(folder, name, config, described)
     out = relayout(described, moves)
-    out.metadata.clear()  # the GGUF key/values live on as config.json and the tokenizer files
+    # The GGUF key/values and tensor list stay in __metadata__ (``gguf`` and its ``gguf.kv.*``
+    # members, as the single-file conversion records them): config.json and the tokenizer files
+    # are transformers' reading of them, and `qformat export --to gguf` writes the original keys
+    # (general.*, tokenizer flags, chat template, special ids, vocabulary) and tensor order back
+    # from them, naming the tensors by the architecture table.
     s = write(ck, out, os.fspath(dst), overwrite=overwrite, progress=progress, model_folder=files)
     return Summary(os.fspath(dst), arch, str(config.model_type), model_cls.__name__, s.files, len(out.descriptors), len(out.plain),
                    s.bytes, sorted(permuted), sorted(left_out), sorted(files))

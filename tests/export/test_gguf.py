@@ -462,10 +462,10 @@ def test_a_gguf_file_is_not_a_source(tmp_path: Path) -> None:
     assert not (tmp_path / "o.gguf").exists()
 
 
-@pytest.mark.parametrize("model_type", ["t5", "gemma3_text"])
+@pytest.mark.parametrize("model_type", ["t5", "phi3"])
 def test_other_architectures_are_refused_by_name(tmp_path: Path, model_type: str) -> None:
-    """A model folder whose architecture has no llama.cpp mapping here is refused, naming it, and
-    nothing is written (issue 42: a Gemma 3 folder was written with transformers' names, no
+    """A model folder whose architecture is not in the architecture table is refused, naming it,
+    and nothing is written (issue 42: a Gemma 3 folder was written with transformers' names, no
     hyperparameters and no tokenizer, reported as a success, and llama.cpp refused the file)."""
     folder = tmp_path / "m"
     folder.mkdir()
@@ -724,3 +724,46 @@ def test_a_broken_model_card_is_refused(tmp_path: Path) -> None:
     with pytest.raises(QFormatError) as e:
         export(folder, tmp_path / "o.gguf", to="gguf")
     assert e.value.code == "CONVERT_SOURCE_INVALID" and "README.md" in str(e.value) and not (tmp_path / "o.gguf").exists()
+
+
+# -- the architecture table (issue 42 item 1) -----------------------------------------------------------
+def test_architecture_table_names_are_gguf_py_s() -> None:
+    """Every name of every entry is what gguf-py's tensor map gives for the architecture, and the
+    table is keyed by both the GGUF architecture and config.json's model_type."""
+    from qformat.architectures import ARCHITECTURES, by_model_type
+
+    for arch in ARCHITECTURES.values():
+        assert gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[arch.model_arch]] == arch.name
+        names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.model_arch], 3)
+        for pattern, _ in arch.tensors:
+            for suffix in ("weight", "bias"):
+                hf = pattern.replace(r"(\d+)", "2").replace(r"\.", ".").replace("(weight|bias)", suffix)
+                if "(" in hf or (suffix == "bias" and not pattern.endswith("(weight|bias)")):
+                    continue
+                assert arch.gguf_name(hf) == names.get_name(hf, try_suffixes=(".weight", ".bias")), (arch.name, hf)
+        for mt in arch.model_types:
+            assert by_model_type(mt) is arch
+    gemma = ARCHITECTURES["gemma3"]
+    assert gemma.shift("model.layers.0.self_attn.q_norm.weight") == 1.0 and gemma.shift("model.layers.0.mlp.up_proj.weight") == 0.0
+    assert gemma.permutation("model.layers.0.self_attn.q_proj.weight", 64, {"num_attention_heads": 4}) is None
+    llama = ARCHITECTURES["llama"]
+    perm = llama.permutation("model.layers.0.self_attn.k_proj.weight", 64, {"num_attention_heads": 4, "num_key_value_heads": 2})
+    assert perm is not None and np.array_equal(perm, rotary_permutation(64, 2))
+
+
+def test_gemma3_folder_without_a_gguf_record_is_refused_for_its_vocabulary(tmp_path: Path) -> None:
+    """A Gemma 3 folder that no GGUF conversion made (no recorded vocabulary) and whose tokenizer
+    is not byte-level BPE: llama.cpp's Gemma vocabulary is SentencePiece, which this exporter
+    writes only from the record; refused by name, nothing written."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    rng = np.random.default_rng(7)
+    qformat.save_file({"model.layers.0.mlp.up_proj.weight": qformat.quantize(rng.standard_normal((4, 64)).astype(np.float32), "int", **INT4),
+                       "model.layers.0.input_layernorm.weight": rng.standard_normal(64).astype(np.float32)}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"model_type": "gemma3_text", "num_attention_heads": 4, "num_key_value_heads": 1,
+                                                    "hidden_size": 64, "num_hidden_layers": 1, "head_dim": 16, "sliding_window": 512}))
+    out = tmp_path / "o.gguf"
+    with pytest.raises(QFormatError) as e:
+        export(folder, out, to="gguf")
+    assert e.value.code == "EXPORT_UNMAPPABLE" and "gemma3" in str(e.value) and "SentencePiece" in str(e.value)
+    assert not out.exists()

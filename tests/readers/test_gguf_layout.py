@@ -100,6 +100,31 @@ def test_gguf_model_runs_packed_like_transformers_gguf_loader(root, tmp_path, ar
     assert torch.equal(ref.generate(ids, **gen), model.generate(ids, **gen))
 
 
+@pytest.mark.parametrize("arch", sorted(CASES))
+def test_folder_exports_back_to_the_same_gguf(root, tmp_path, arch):
+    """Issue 42 items 1 and 3: the folder keeps what the GGUF said (``__metadata__["gguf"]``: every
+    key/value, the tensor list and order) and ``qformat export --to gguf`` maps transformers'
+    names back by the architecture table (llama's q/k rows permuted again, Gemma's norms plus 1):
+    the exported file is the source GGUF byte for byte.  An architecture the table does not
+    have is refused by name, nothing written."""
+    from qformat.architectures import by_gguf
+    from qformat.export import export
+
+    src = _source(root, arch)
+    out, back = tmp_path / "out", tmp_path / "back.gguf"
+    convert_gguf(src, out)
+    garch = ARCHS[arch][1]
+    if by_gguf(garch) is None:
+        with pytest.raises(QFormatError) as e:
+            export(out, back, to="gguf")
+        assert e.value.code == "EXPORT_UNMAPPABLE" and repr(garch) in str(e.value), e.value
+        assert not back.exists()
+        return
+    rep = export(out, back, to="gguf")
+    assert rep.to_dict()["exact"] is True
+    assert back.read_bytes() == src.read_bytes()
+
+
 def test_cli_layout_follows_the_destination(root, tmp_path, capsys):
     """The CLI's layout rule, in this process (transformers is imported already; the llama_cpp
     tests run the same command in a subprocess on llama.cpp's own files), and a refusal as a

