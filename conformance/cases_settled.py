@@ -503,3 +503,11 @@ def _(rng):
       ["2.3", "1.2"], ["container", "order", "error:HEADER_DUPLICATE_KEY"] + ST)
 def _(rng):
     return failing(raw_file('{"__metadata__":{"n":"1","n":"2"}}}}' + "[" * 64, b""), "HEADER_DUPLICATE_KEY")
+
+
+@case("settled-121-request-order-index-before-nested", "one scale with both a group index value past its count (GROUP_INDEX_RANGE) and a nested codebook code past its table (CODE_OUT_OF_RANGE): within one parameter its group index comes before its nested descriptor (§1.4): GROUP_INDEX_RANGE",
+      ["1.4", "10.6", "9.3", "8.2"], ["order", "nested", "element:codebook", "group_index", "error:GROUP_INDEX_RANGE"] + ST)
+def _(rng):
+    descs, comps, plain = _nested_codebook_gidx(rng, 1)
+    comps["w.g_idx"] = np.array([0, 0, 0, 1, 1, 1, 5], np.int32)
+    return failing(q_file(descs, comps, plain, version="1.2"), "GROUP_INDEX_RANGE", check_codes=["CODE_OUT_OF_RANGE", "GROUP_INDEX_RANGE"])

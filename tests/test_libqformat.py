@@ -29,7 +29,7 @@ CORPUS = REPO / "conformance" / "v1"
 #: The conformance cases the sanitized ``qformat-c read`` must pass (the corpus has 540, the
 #: SPEC.md 1.2.1 cases included).  Raise it as the library gains features; never lower it to make
 #: a regression pass.
-CONFORMANCE_MIN_PASSED = 556
+CONFORMANCE_MIN_PASSED = 557
 
 FUZZ_RUNS = 2000
 DIFF_MUTANTS = 300
