@@ -705,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py; "
                          "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py; remote, bench/remote.py; "
                          "headers, bench/headers.py; "
-                         "llama_cpp_speed, bench/llama_cpp_speed.py; "
+                         "llama_cpp_speed, bench/llama_cpp_speed.py; kernels_vs_ggml, bench/kernels_vs_ggml.py; "
                          "multihost_jax, tp_torch, split_convert: bench/multihost_jax.py, tp_torch.py, split_convert.py, or all three as multihost)")
     ap.add_argument("--checkpoint-gb", default="0.5,1,2,4", help="source sizes of the checkpoint section (GiB, comma-separated)")
     ap.add_argument("--llama-gb", type=float, default=1.5, help="size of the llama section's fp16 checkpoint (GiB)")
@@ -728,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=a.tmp, prefix="qformat-bench-") as tmp:
         if "decode" in only:
             bench_decode(run, *((32, 256) if a.quick else (2048, 8192)))
+            from .kernels import bench_decode_out
+
+            bench_decode_out(run, *((64, 512) if a.quick else (2048, 8192)))
         if "kernels" in only:
             from .kernels import bench_kernels
 
@@ -792,6 +795,10 @@ def main(argv: list[str] | None = None) -> int:
             from .generate import bench_generate
 
             bench_generate(run, tmp)
+        if "kernels_vs_ggml" in only:
+            from .kernels_vs_ggml import bench_kernels_vs_ggml
+
+            bench_kernels_vs_ggml(run, a.quick)
         if "llama_cpp_speed" in only:
             from .llama_cpp_speed import bench_llama_cpp_speed
 

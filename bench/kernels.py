@@ -11,6 +11,8 @@ int4 g32 and nf4 decode to float32 at >= 0.8x memcpy and >= 4x the NumPy decoder
 from __future__ import annotations
 
 import gc
+import statistics
+import time
 from typing import Any
 
 import numpy as np
@@ -131,3 +133,85 @@ def bench_kernels(run: Run, rows: int, cols: int) -> None:
                     run.target(f"native {kind} decode to float32, {th} thread(s), x the NumPy decoder (issue 23)", r["x_vs"], 4.0)
             del desc, src, out, ref
             gc.collect()
+
+
+# -- issue 45 item 4: decode into a caller's buffer (out=) and into a fresh array -----------------
+#: Schemes of the ``decode out=`` rows: (row name, qformat scheme, its parameters).
+OUT_SCHEMES = [("int4 g32", "int", {"bits": 4, "group_size": 32}), ("int8", "int", {"bits": 8, "group_size": None}),
+               ("nf4", "nf4", {}), ("mxfp4", "mxfp4", {}), ("fp8 e4m3", "fp8_e4m3", {}),
+               ("Q4_K", "gguf", {"type": "Q4_K"}), ("Q6_K", "gguf", {"type": "Q6_K"})]
+
+
+def bench_decode_out(run: Run, rows: int, cols: int, threads: int = 2) -> None:
+    """Issue 45 item 4: ``qformat.dequantize(qt, out=buf)`` against ``np.copyto(buf, x)`` of the
+    same output (target >= 0.9x), and ``qformat.dequantize(qt)`` into a fresh array against
+    ``x.copy()`` (target >= 0.8x; the decode's threads share the fresh array's first touch), per
+    scheme, float32 output, after and before issue 45 (``qformat.decode._BEFORE_ISSUE45``: two-level
+    parameters decoded per chunk, 6-bit codes unpacked in NumPy), all five timed in turn in each
+    repetition, so every ratio is paired: ``x_*`` are the medians (and ``min_x_*`` the minima) of
+    the per-repetition ratios.  Every decode is checked bit for bit against the NumPy reference."""
+    import qformat
+    import qformat.decode as qd
+
+    info = kernels.info()
+    print(f"\n[decode out=] {rows}x{cols} float32, {threads} threads; {info['path']} {info['level']}", flush=True)
+    rng = np.random.default_rng(45)
+    w = (rng.standard_normal((rows, cols), np.float32) * 0.02).astype(np.float32)
+    reps = max(run.reps, 3 if run.quick else 9)
+    for name, scheme, kw in OUT_SCHEMES[:3] if run.quick else OUT_SCHEMES:
+        qt = qformat.quantize(w, scheme, **kw)
+        with kernels.use("numpy"):
+            ref = qt.dequantize()
+        buf = np.empty(qt.shape, np.float32)
+        x = np.ones(qt.shape, np.float32)
+        _require(_same_bits(qformat.dequantize(qt, out=buf, threads=threads), ref), f"dequantize(out=) of {name}")
+        _require(_same_bits(qformat.dequantize(qt, threads=threads), ref), f"dequantize of {name}")
+
+        def before_out() -> Any:
+            qd._BEFORE_ISSUE45 = True
+            try:
+                return qformat.dequantize(qt, out=buf, threads=threads)
+            finally:
+                qd._BEFORE_ISSUE45 = False
+
+        def before_fresh() -> Any:
+            qd._BEFORE_ISSUE45 = True
+            try:
+                return qformat.dequantize(qt, threads=threads)
+            finally:
+                qd._BEFORE_ISSUE45 = False
+
+        fns = {"np.copyto(buf, x)": lambda: np.copyto(buf, x), "dequantize(out=buf)": lambda: qformat.dequantize(qt, out=buf, threads=threads),
+               "dequantize(out=buf), before issue 45": before_out, "x.copy()": lambda: x.copy(),
+               "dequantize() into a fresh array": lambda: qformat.dequantize(qt, threads=threads),
+               "dequantize() fresh, before issue 45": before_fresh}
+        ts: dict[str, list[float]] = {k: [] for k in fns}
+        for f in fns.values():
+            f()  # warm-up
+        for _ in range(reps):
+            for k, f in fns.items():
+                t0 = time.perf_counter()
+                f()
+                ts[k].append(time.perf_counter() - t0)
+        _require(_same_bits(before_out(), ref), f"dequantize(out=) of {name} before issue 45")
+        sec = f"decode out= {name}"
+        base = {"dequantize(out=buf)": "np.copyto(buf, x)", "dequantize(out=buf), before issue 45": "np.copyto(buf, x)",
+                "dequantize() into a fresh array": "x.copy()", "dequantize() fresh, before issue 45": "x.copy()"}
+        print(f" {name} ({buf.nbytes / MB:.0f} MB out, {reps} paired reps)", flush=True)
+        for k, t in ts.items():
+            r = {"section": sec, "name": k, "ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3, "out_MB": buf.nbytes / MB,
+                 "GBps": buf.nbytes / statistics.median(t) / 1e9, "threads": threads, "reps": reps, "note": ""}
+            if k in base:
+                ratios = [b / a for a, b in zip(t, ts[base[k]])]
+                r.update(vs=base[k], x_vs=statistics.median(ratios), min_x_vs=min(ratios), max_x_vs=max(ratios))
+                print(f"  {k:<40} {r['ms']:8.2f} ms (min {r['min_ms']:7.2f})  {r['x_vs']:5.2f}x {base[k]} "
+                      f"(per-rep ratios {min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+            else:
+                print(f"  {k:<40} {r['ms']:8.2f} ms (min {r['min_ms']:7.2f})", flush=True)
+            run.rows.append(r)
+        if not run.quick:
+            rr = {x["name"]: x for x in run.rows if x["section"] == sec}
+            run.target(f"decode {name} to float32 into out=, x np.copyto (issue 45)", rr["dequantize(out=buf)"]["x_vs"], 0.9)
+            run.target(f"decode {name} to float32 into a fresh array, x x.copy() (issue 45)", rr["dequantize() into a fresh array"]["x_vs"], 0.8)
+        del qt, ref, buf, x
+        gc.collect()

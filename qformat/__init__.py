@@ -49,6 +49,17 @@ def quantize(array, scheme: str, **params) -> QTensor:  # type: ignore[no-untype
     return _quantize(array, scheme, **params)
 
 
+def dequantize(qtensor: QTensor, out=None, *, threads=None):  # type: ignore[no-untyped-def]
+    """Decode ``qtensor`` to a NumPy array of its logical shape and dtype (bit-exact), into
+    ``out`` when given: a writable, C-contiguous NumPy array of exactly that shape and dtype,
+    written in place by the native kernels (refused otherwise: TypeError for a non-array,
+    ValueError naming what differs).  ``threads``: decoding threads (default: one per CPU, at
+    most 8; the bits never depend on it).  The same as ``qtensor.dequantize(out)``."""
+    if not isinstance(qtensor, QTensor):
+        raise TypeError(f"dequantize takes a QTensor, found {type(qtensor).__name__}")
+    return qtensor.dequantize(out, threads=threads)
+
+
 def quantize_checkpoint(src, dst, scheme=None, recipe=None, **kwargs):  # type: ignore[no-untyped-def]
     """Quantize a plain checkpoint into a qformat checkpoint, streaming (``qformat quantize``;
     see :func:`qformat.checkpoint.quantize.quantize_checkpoint`)."""
@@ -67,6 +78,6 @@ def dequantize_checkpoint(src, dst, dtype=None, **kwargs):  # type: ignore[no-un
 
 __all__ = [
     "InvalidFileError", "MalformedFileError", "Problem", "QFormatError", "QTensor", "Report", "SPEC_REVISION", "SPEC_VERSION",
-    "UnsupportedError", "UsageError", "__version__", "check", "dequantize_checkpoint", "iter_tensors", "load_checkpoint", "load_file", "quantize", "quantize_checkpoint", "required_version",
+    "UnsupportedError", "UsageError", "__version__", "check", "dequantize", "dequantize_checkpoint", "iter_tensors", "load_checkpoint", "load_file", "quantize", "quantize_checkpoint", "required_version",
     "safe_open", "save_file",
 ]

@@ -18,9 +18,9 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import kernels as _kernels
-from .descriptor import Descriptor, Param
+from .descriptor import Descriptor, Param, codes_shape
 from .layouts import canonical_view
-from .regions import (BYTE_ITEM, GridRead, Region, byte_lookup, byte_table, chunk_rows, code_range_error, element_table,
+from .regions import (BYTE_ITEM, GridRead, Region, byte_lookup, byte_table, check_group_index, chunk_rows, code_range_error, element_table,
                       full_region, grid_array, iter_chunks, plan_grid, plan_param, read_codes, region_shape, source_index_reader)
 from .sources import Source
 
@@ -36,6 +36,11 @@ NATIVE_CHUNK_ELEMENTS = 1 << 20
 #: Threads a full decode spreads its chunks over (None: one per CPU, at most 8).  Chunks
 #: write disjoint rows of the output and NumPy releases the GIL in every step they run.
 THREADS: int | None = None
+
+#: True: decode as before issue 45 (two-level parameters decoded again for every chunk, 6-bit
+#: codes unpacked by the reference unpacker), the same bits, slower: bench/kernels.py's
+#: before/after rows flip it; nothing else does.
+_BEFORE_ISSUE45 = False
 
 
 
@@ -147,39 +152,105 @@ def native_covers(desc: Descriptor) -> bool:
     return _kernels.enabled() and len(desc.shape) >= 1 and desc.codes.element.bits <= 8
 
 
+def _six_bytes(desc: Descriptor, src: Source, region: Region, table: np.ndarray, valid: int) -> np.ndarray | None:
+    """The packed bytes of ``region`` as rows, where its codes are 6-bit, four in three bytes,
+    least significant bits first, rows along the last axis, and the region's columns whole groups
+    of four (the kernel's ``six`` mode: GGUF K-quants' sub-block scales, Q6_K's codes); else None."""
+    p = desc.codes.packing
+    rank = len(desc.shape)
+    if (desc.codes.element.bits != 6 or valid != len(table) or p.container != 8 or p.bit_order != "lsb_first"
+            or p.uses_slots(6) or p.order is not None or p.axis is None or p.axis != rank - 1 or not region):
+        return None
+    c0, c1 = region[-1]
+    if c0 % 4 or (c1 - c0) % 4:
+        return None
+    geo = codes_shape(desc)
+    words = _words(src, desc).reshape(geo.stored_shape[:-1] + (geo.words_per_row,))
+    box = tuple(slice(lo, hi) for lo, hi in region[:-1]) + (slice(c0 // 4 * 3, c1 // 4 * 3),)
+    return words[box].reshape(-1, (c1 - c0) // 4 * 3)
+
+
 def _native_codes(desc: Descriptor, src: Source, region: Region, table: np.ndarray, valid: int,
-                  tensor: str | None) -> tuple[np.ndarray, int, int, np.ndarray, int]:
+                  tensor: str | None) -> tuple[np.ndarray, int, int, np.ndarray, int, bool]:
     """(codes as rows of bytes, row stride, codes per byte, byte table, planes span or 0) of
     ``region`` for the kernel: the packed bytes themselves where one byte holds whole codes of
     one row (:func:`qformat.regions.byte_lookup`; planes whose span divides the kernel's tile
     included), else codes unpacked by the reference unpacker (one per byte, range-checked
-    against a codebook's length here, as the NumPy path does)."""
+    against a codebook's length here, as the NumPy path does).  The last item says the codes are
+    6-bit, four in three bytes (:func:`_six_bytes`)."""
     shape = region_shape(region)
     cols = shape[-1]
     rows = math.prod(shape[:-1])
     p = desc.codes.packing
-    look = byte_lookup(desc, region) if valid == len(table) else None
-    span = 0 if look is None or look.planes_span is None else int(look.planes_span)
-    if look is not None and cols % look.n == 0 and _kernels.TILE % max(span, 1) == 0:
-        sub = _words(src, desc).reshape(look.words_shape)[look.box].reshape(rows, cols // look.n)
+
+    def strided(sub: np.ndarray, n: int, bt: np.ndarray, span: int, six: bool) -> tuple[np.ndarray, int, int, np.ndarray, int, bool]:
         if not (sub.flags.c_contiguous or (sub.strides[1] == 1 and sub.strides[0] >= 0 and rows > 0)):
             sub = np.ascontiguousarray(sub)
         if not sub.flags.c_contiguous:  # a column box of a row-major array: rows stride apart
             base = np.lib.stride_tricks.as_strided(sub, ((rows - 1) * sub.strides[0] + sub.shape[1],), (1,))
-            return base, sub.strides[0], look.n, byte_table(table, desc.codes.element.bits, p), span
-        return sub, sub.shape[1], look.n, byte_table(table, desc.codes.element.bits, p), span
+            return base, sub.strides[0], n, bt, span, six
+        return sub, sub.shape[1], n, bt, span, six
+
+    look = byte_lookup(desc, region) if valid == len(table) else None
+    span = 0 if look is None or look.planes_span is None else int(look.planes_span)
+    if look is not None and cols % look.n == 0 and _kernels.TILE % max(span, 1) == 0:
+        sub = _words(src, desc).reshape(look.words_shape)[look.box].reshape(rows, cols // look.n)
+        return strided(sub, look.n, byte_table(table, desc.codes.element.bits, p), span, False)
+    bt = np.zeros(256, np.float32)
+    bt[: len(table)] = table
+    six = None if _BEFORE_ISSUE45 else _six_bytes(desc, src, region, table, valid)
+    if six is not None:
+        return strided(six, 1, bt, 0, True)
     codes = read_codes(desc, src, region)
     if valid < len(table) and codes.size and int(codes.max()) >= valid:
         raise code_range_error(int(codes.max()), valid, tensor)
-    bt = np.zeros(256, np.float32)
-    bt[: len(table)] = table
-    return np.ascontiguousarray(codes, np.uint8).reshape(rows, cols), cols, 1, bt, 0
+    return np.ascontiguousarray(codes, np.uint8).reshape(rows, cols), cols, 1, bt, 0, False
 
 
-def _native_values(g: GridRead, desc: Descriptor, src: Source) -> tuple[np.ndarray, int]:
+def _nested_whole(enc: Descriptor, src: Source) -> np.ndarray:
+    """A two-level parameter's whole grid, decoded (and so checked) whole as SPEC.md §10.6 says,
+    rounded to its logical dtype and widened to binary32: :func:`_grid_values`' values before its
+    box is cut, by the native kernel where it covers the nested descriptor (the same bits)."""
+    return decode(enc, src, threads=1).astype(np.float32)
+
+
+def _nested_in_order(desc: Descriptor, src: Source, region: Region, tensor: str | None,
+                     element: tuple[np.ndarray, int] | None) -> dict[int, np.ndarray] | None:
+    """Every two-level parameter's whole grid (:func:`_nested_whole`), decoded before the chunks,
+    with the decode-time checks kept in SPEC.md §1.4's order (1.2.1): the region's codes
+    (CODE_OUT_OF_RANGE), then per parameter, ``zero``, ``scale``, ``bias``, its group index
+    over the region (GROUP_INDEX_RANGE) and then its nested descriptor.  None when there is no
+    two-level parameter (nothing is checked early then: the chunks check in order)."""
+    params = list(desc.params())
+    if not any(p.encoded is not None for p in params):
+        return None
+    table, valid = element if element is not None else element_table(desc, src)
+    if valid < len(table):  # a code can be past the table: check the region's codes first
+        codes = read_codes(desc, src, region)
+        if codes.size and int(codes.max()) >= valid:
+            raise code_range_error(int(codes.max()), valid, tensor)
+    read_index = source_index_reader(src)
+    nested: dict[int, np.ndarray] = {}
+    for p in params:
+        gi = p.blocks.index
+        if gi is not None:
+            lo, hi = region[gi.axis]
+            check_group_index(p, read_index(gi.tensor, lo, hi), lo)
+        if p.encoded is not None:
+            nested[id(p)] = _nested_whole(p.encoded, src)
+    return nested
+
+
+def _native_values(g: GridRead, desc: Descriptor, src: Source, nested: dict[int, np.ndarray] | None = None) -> tuple[np.ndarray, int]:
     """(cell values, their format for the kernel: 0 binary32, 1 binary16, 2 bfloat16) of a grid
     box: stored float16 / bfloat16 cells as stored (the kernel widens each cell it uses,
-    exactly), everything else (integers, fp8, two-level parameters) widened here to binary32."""
+    exactly), everything else (integers, fp8, two-level parameters) widened here to binary32.
+    ``nested``: two-level parameters' whole grids (:func:`_nested_whole`) by ``id`` of the
+    parameter, decoded once per decode instead of once per chunk."""
+    if g.param.encoded is not None and nested is not None and id(g.param) in nested:
+        whole = nested[id(g.param)]
+        box = whole[tuple(slice(lo, hi) for lo, hi in g.box)] if g.box else whole
+        return np.ascontiguousarray(box, np.float32).reshape(-1), 0
     if g.param.encoded is None:
         a = grid_array(g.param, desc, src, g.box)
         if a.dtype == np.float16 or a.dtype == _dt.logical_numpy("bfloat16"):
@@ -187,7 +258,8 @@ def _native_values(g: GridRead, desc: Descriptor, src: Source) -> tuple[np.ndarr
     return np.ascontiguousarray(_grid_values(g, desc, src, 0), np.float32).reshape(-1), 0
 
 
-def _native_param(prm: Param, desc: Descriptor, src: Source, region: Region, read_index) -> tuple:  # type: ignore[no-untyped-def, type-arg]
+def _native_param(prm: Param, desc: Descriptor, src: Source, region: Region, read_index,  # type: ignore[no-untyped-def]
+                  nested: dict[int, np.ndarray] | None = None) -> tuple:  # type: ignore[type-arg]
     """One parameter for the kernel: (op, column mode, cell values, per-row cell offset,
     per-column cell index or None, a, b, value format); see ``qformat/kernels/_native.c``."""
     op = _kernels.OPS[prm.arith]
@@ -205,7 +277,7 @@ def _native_param(prm: Param, desc: Descriptor, src: Source, region: Region, rea
         # the cells between the region's first and last element (plan_param's gather index
         # would be one int64 per element)
         c0, c1 = int(rowoff.min()) // size, (int(rowoff.max()) + shape[-1] - 1) // size + 1
-        v, vk = _native_values(plan_grid(prm, desc, ((c0, c1),)), desc, src)
+        v, vk = _native_values(plan_grid(prm, desc, ((c0, c1),)), desc, src, nested)
         return (op, _kernels.MODE_FLAT, v, rowoff, None, c0, size, vk)
     sizes = prm.blocks.size
     cols = shape[-1]
@@ -220,7 +292,7 @@ def _native_param(prm: Param, desc: Descriptor, src: Source, region: Region, rea
         step = plan_param(prm, desc, region, read_index, allow_view=False)
         grid = step.grid
         per_axis = [np.asarray(i, np.int64).reshape(-1) for i in step.index]  # type: ignore[union-attr]
-    v, vk = _native_values(grid, desc, src)
+    v, vk = _native_values(grid, desc, src, nested)
     vshape = region_shape(grid.box)
     off = np.zeros([1] * (rank - 1), np.int64)
     for a in range(rank - 1):
@@ -238,20 +310,22 @@ def _native_param(prm: Param, desc: Descriptor, src: Source, region: Region, rea
 
 
 def _native_region(desc: Descriptor, src: Source, region: Region, out: np.ndarray, tensor: str | None,
-                   element: tuple[np.ndarray, int] | None = None, stream: bool = False) -> None:
+                   element: tuple[np.ndarray, int] | None = None, stream: bool = False,
+                   nested: dict[int, np.ndarray] | None = None) -> None:
     """Decode ``region`` (rank >= 1) straight into ``out`` (C-contiguous, the logical dtype)
     with one call of the native kernel: the same binary32 steps as :func:`decode_region` and
     :func:`round_to_logical`, fused.  ``element``: :func:`qformat.regions.element_table`'s
     result when the caller has it (one per decode, not one per chunk).  ``stream``: write a
-    float32 output with non-temporal stores where the kernel can (:data:`qformat.kernels.STREAM_FROM_BYTES`)."""
+    float32 output with non-temporal stores where the kernel can (:data:`qformat.kernels.STREAM_FROM_BYTES`).
+    ``nested``: the decode's two-level parameter grids, decoded once (:func:`_nested_whole`)."""
     table, valid = element_table(desc, src) if element is None else element
-    codes, stride, n, bt, span = _native_codes(desc, src, region, table, valid, tensor)
+    codes, stride, n, bt, span, six = _native_codes(desc, src, region, table, valid, tensor)
     read_index = source_index_reader(src)
-    params = [_native_param(prm, desc, src, region, read_index) for prm in desc.params()]
+    params = [_native_param(prm, desc, src, region, read_index, nested) for prm in desc.params()]
     shape = region_shape(region)
     kind = _kernels.OUT_KINDS[desc.dtype]
     flat = out.reshape(-1).view(np.float32 if kind == 0 else np.uint16)
-    _kernels.fused(codes, stride, math.prod(shape[:-1]), shape[-1], n, bt, params, flat, kind, span, stream)
+    _kernels.fused(codes, stride, math.prod(shape[:-1]), shape[-1], n, bt, params, flat, kind, span, stream, six)
 
 
 def _to_bfloat16_bits(x: np.ndarray, dst: np.ndarray) -> None:
@@ -288,12 +362,33 @@ def round_to_logical(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -
     return out
 
 
+def check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, tensor: str | None = None) -> None:
+    """Refuse a caller's output buffer that :func:`decode` cannot write in place: not a NumPy
+    array (TypeError), or not exactly ``dtype`` and ``shape``, not C-contiguous, or read-only
+    (ValueError); the message names the tensor and what was expected and found."""
+    who = f"tensor {tensor!r}: " if tensor else ""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{who}out must be a NumPy array (C-contiguous {np.dtype(dtype)}, shape {tuple(shape)}), found {type(out).__name__}")
+    problems = []
+    if out.dtype != dtype:
+        problems.append(f"dtype {out.dtype} (expected {np.dtype(dtype)})")
+    if tuple(out.shape) != tuple(shape):
+        problems.append(f"shape {tuple(out.shape)} (expected {tuple(shape)})")
+    if not out.flags.c_contiguous:
+        problems.append("not C-contiguous")
+    if not out.flags.writeable:
+        problems.append("read-only")
+    if problems:
+        raise ValueError(f"{who}out must be a writable C-contiguous {np.dtype(dtype)} array of shape {tuple(shape)}; found "
+                         + ", ".join(problems))
+
+
 def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: str | None = None,
            out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
     """Decode ``region`` (default: everything) to the logical dtype, chunk by chunk.
 
-    ``out``: a C-contiguous array of the region's shape and logical dtype to decode into
-    (returned).  ``threads``: how many threads decode chunks at once (default :data:`THREADS`);
+    ``out``: a C-contiguous, writable array of the region's shape and logical dtype to decode
+    into (returned; :func:`check_out` refuses any other).  ``threads``: how many threads decode chunks at once (default :data:`THREADS`);
     the bits never depend on it.  Memory beyond the output is a few chunks' temporaries.
     A descriptor in a device layout is read through its canonical view (SPEC.md §11).
     """
@@ -304,8 +399,8 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
     dt = _dt.logical_numpy(desc.dtype)
     if out is None:
         out = _kernels.aligned_empty(out_shape, dt)
-    elif out.shape != out_shape or out.dtype != dt or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous {dt} array of shape {out_shape}, found {out.dtype} {out.shape}")
+    else:
+        check_out(out, out_shape, dt, tensor)
     if out.size == 0:
         return out
     if not region:
@@ -314,6 +409,8 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
     lo0 = region[0][0]
     native = native_covers(desc)
     element = element_table(desc, src) if native else None
+    # two-level parameters: each whole nested grid decoded once here, not once per chunk
+    nested = _nested_in_order(desc, src, region, tensor, element) if native and not _BEFORE_ISSUE45 else None
     step = chunk_rows(desc, region, NATIVE_CHUNK_ELEMENTS if native else CHUNK_ELEMENTS)
     direct = desc.dtype == "float32"
     stream = direct and out.nbytes >= _kernels.STREAM_FROM_BYTES  # too large to stay in cache for its reader
@@ -321,7 +418,7 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
     def run(sub: Region) -> None:
         dst = out[sub[0][0] - lo0 : sub[0][1] - lo0]
         if native:
-            _native_region(desc, src, sub, dst, tensor, element, stream)
+            _native_region(desc, src, sub, dst, tensor, element, stream, nested)
         elif direct:  # binary32 values are the logical values: decode straight into ``out``
             decode_region(desc, src, sub, tensor=tensor, out=dst)
         else:

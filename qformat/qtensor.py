@@ -48,9 +48,15 @@ class QTensor:
         """Bytes of all components together (the stored size)."""
         return int(sum(a.nbytes for a in self._components.values()))
 
-    def dequantize(self) -> np.ndarray:
-        """Decode to a NumPy array of the logical shape and dtype (bit-exact reference)."""
-        from .decode import decode_full  # the decoder sits above this container class
+    def dequantize(self, out: np.ndarray | None = None, *, threads: int | None = None) -> np.ndarray:
+        """Decode to a NumPy array of the logical shape and dtype (bit-exact reference).
+
+        ``out``: a caller's buffer to decode into (a writable, C-contiguous NumPy array of exactly
+        the logical shape and dtype; returned), written in place by the native kernels: no
+        temporary array and no copy.  Any other buffer is refused before a byte is decoded
+        (TypeError for a non-array, ValueError naming what differs).  ``threads``: how many
+        threads decode (default: one per CPU, at most 8); the bits never depend on it."""
+        from .decode import check_out, decode  # the decoder sits above this container class
         from .descriptor import parse_descriptor
         from .errors import raise_first
         from .sources import ArraySource
@@ -58,8 +64,10 @@ class QTensor:
 
         src = ArraySource(self._components)
         desc = parse_descriptor("<qtensor>", self._descriptor)
+        if out is not None:  # before validation reads anything: a wrong buffer is the caller's error
+            check_out(out, self.shape, self.dtype, "<qtensor>")
         raise_first(validate_descriptor("<qtensor>", desc, src))
-        return decode_full(desc, src, tensor="<qtensor>")
+        return decode(desc, src, None, tensor="<qtensor>", out=out, threads=threads)
 
     def renamed(self, fn: Callable[[str], str]) -> "QTensor":
         """A copy whose component names are mapped through ``fn`` (descriptor updated too)."""

@@ -65,6 +65,16 @@ QF_INLINE uint16_t f32_to_f16(uint32_t u) {
 QF_INLINE void lut_generic(const qfk_job *j, const uint8_t *b, qfk_int w, float *x) {
     const float *bt = j->bt;
     qfk_int i, nb;
+    if (j->six) { /* 6-bit codes, four in three bytes, lsb first */
+        for (i = 0; i + 4 <= w; i += 4, b += 3) {
+            const uint32_t v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16;
+            x[i] = bt[v & 63u];
+            x[i + 1] = bt[(v >> 6) & 63u];
+            x[i + 2] = bt[(v >> 12) & 63u];
+            x[i + 3] = bt[(v >> 18) & 63u];
+        }
+        return;
+    }
     if (j->span) { /* planes: in each segment of span values (m bytes), byte i's k-th code is value k * m + i */
         const int n = j->n;
         const qfk_int t = j->span, m = t / n;
@@ -403,15 +413,15 @@ __attribute__((target("avx2,f16c"))) static void nib_row_avx2(const qfk_job *j, 
 /* The same row at AVX-512: 16 bytes -> 32 values per step.  One vpermps holds the whole
  * 16-entry table (no blend of two halves as at AVX2), and the two nibble streams are
  * interleaved by one two-source permute each.  Taken where every parameter's cell changes only
- * on multiples of 32 columns (int4 g32 and up, nf4's 64-blocks, per-row, per-tensor); other
- * rows keep the AVX2 row.  The same binary32 operations in the same order: the same bits. */
+ * on multiples of 16 columns and rows are whole steps of 32 (each half of a step gets its own
+ * cells: g16 scales of nvfp4 and Q6_K too); other rows keep the AVX2 row.  The same binary32 operations in the same order: the same bits. */
 QF_INLINE int nib_row_ok512(const qfk_job *j, const qfk_int *next) {
     int k;
     if (j->C % 32) return 0;
     for (k = 0; k < j->nparams; k++) {
         const qfk_param *p = &j->p[k];
         if (p->mode == QFK_MODE_CONST) continue;
-        if (p->b % 32 || next[k] % 32) return 0;
+        if (p->b % 16 || next[k] % 16) return 0;
     }
     return 1;
 }
@@ -431,17 +441,23 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_r
     qfk_int c;
     int k, q;
     __m512 t256[16];
+    /* six: code i of 16 is bits [6i, 6i + 6) of 12 bytes: the 16-bit word at byte 6i / 8, shifted by 6i % 8 */
+    const __m128i sh_lo = _mm_setr_epi8(0, 1, 0, 1, 1, 2, 2, 3, 3, 4, 3, 4, 4, 5, 5, 6);
+    const __m128i sh_hi = _mm_setr_epi8(6, 7, 6, 7, 7, 8, 8, 9, 9, 10, 9, 10, 10, 11, 11, 12);
+    const __m512i sh6 = _mm512_setr_epi32(0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2), m63 = _mm512_set1_epi32(63);
     for (k = 0; k < 16; k++) t256[k] = j->n == 1 ? _mm512_loadu_ps(j->bt + 16 * k) : t16;
     for (k = 0; k < np; k++) kv[k] = _mm512_set1_ps(pval(&j->p[k], off[k]));
     for (c = 0; c < C; c += 32) {
         __m512 v[2];
-        for (k = 0; k < np; k++)
-            if (c == next[k]) { /* BLOCK, FLAT: the next cell */
-                off[k] += 1;
-                next[k] += (qfk_int)j->p[k].b;
-                kv[k] = _mm512_set1_ps(pval(&j->p[k], off[k]));
+        if (j->six) { /* 6-bit codes: 24 bytes -> 32 codes (12 bytes, read masked, per 16), the table's first 64 values */
+            for (q = 0; q < 2; q++) {
+                const __m128i raw = _mm_maskz_loadu_epi8((__mmask16)0x0fff, b + c / 4 * 3 + 12 * q);
+                const __m256i w16 = _mm256_set_m128i(_mm_shuffle_epi8(raw, sh_hi), _mm_shuffle_epi8(raw, sh_lo));
+                const __m512i ix = _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu16_epi32(w16), sh6), m63);
+                const __mmask16 b5 = _mm512_test_epi32_mask(ix, _mm512_set1_epi32(32));
+                v[q] = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t256[0], ix, t256[1]), _mm512_permutex2var_ps(t256[2], ix, t256[3]));
             }
-        if (j->n == 1) { /* one code per byte: 32 bytes -> 32 values, the 256-entry table in 16 registers */
+        } else if (j->n == 1) { /* one code per byte: 32 bytes -> 32 values, the 256-entry table in 16 registers */
             for (q = 0; q < 2; q++) {
                 const __m512i ix = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + c + 16 * q)));
                 const __mmask16 b5 = _mm512_test_epi32_mask(ix, _mm512_set1_epi32(32)), b6 = _mm512_test_epi32_mask(ix, _mm512_set1_epi32(64)),
@@ -460,13 +476,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_r
             v[0] = _mm512_permutex2var_ps(first, ilo, second);
             v[1] = _mm512_permutex2var_ps(first, ihi, second);
         }
-        for (k = 0; k < np; k++)
-            for (q = 0; q < 2; q++) switch (j->p[k].op) {
+        for (q = 0; q < 2; q++) /* each half of 16 columns: a cell changes only on a multiple of 16 */
+            for (k = 0; k < np; k++) {
+                if (c + 16 * q == next[k]) { /* BLOCK, FLAT: the next cell */
+                    off[k] += 1;
+                    next[k] += (qfk_int)j->p[k].b;
+                    kv[k] = _mm512_set1_ps(pval(&j->p[k], off[k]));
+                }
+                switch (j->p[k].op) {
                 case QFK_OP_SUB: v[q] = _mm512_sub_ps(v[q], kv[k]); break;
                 case QFK_OP_MUL: v[q] = _mm512_mul_ps(v[q], kv[k]); break;
                 case QFK_OP_DIV: v[q] = _mm512_div_ps(v[q], kv[k]); break;
                 default: v[q] = _mm512_add_ps(v[q], kv[k]); break;
                 }
+            }
         if (j->outkind == QFK_OUT_F32) {
             float *o = (float *)j->out + r * C + c;
             if (j->stream && !((uintptr_t)o & 63)) { /* a large output: no read-for-ownership of lines written whole */
@@ -506,17 +529,20 @@ QF_INLINE void rows_body(const qfk_job *j, qfk_int r0, qfk_int r1, int lvl) {
         for (k = 0; k < j->nparams; k++) param_at(&j->p[k], r, 0, C, &off[k], &next[k]);
 #if QF_X86
         if (lvl >= QFK_LVL_AVX2 && nib_row_ok(j, next)) {
-            if (lvl >= QFK_LVL_AVX512 && nib_row_ok512(j, next))
+            if (lvl >= QFK_LVL_AVX512 && nib_row_ok512(j, next)) {
                 nib_row_avx512(j, r, off, next);
-            else
+                continue;
+            }
+            if (!j->six) { /* 6-bit codes below AVX-512: the tile path */
                 nib_row_avx2(j, r, off, next);
-            continue;
+                continue;
+            }
         }
 #endif
         for (t0 = 0; t0 < C; t0 += QFK_TILE) {
             qfk_int t1 = t0 + QFK_TILE < C ? t0 + QFK_TILE : C;
             float *x = j->outkind == QFK_OUT_F32 ? (float *)j->out + r * C + t0 : buf;
-            const uint8_t *b = row + t0 / j->n;
+            const uint8_t *b = j->six ? row + t0 / 4 * 3 : row + t0 / j->n;
 #if QF_X86
             if (lvl >= QFK_LVL_AVX2 && j->nib != QFK_NIB_NONE && !j->span)
                 lut_nib_avx2(j, b, t1 - t0, x);
@@ -645,18 +671,20 @@ int qfk_param_range(const qfk_param *p, qfk_int R, qfk_int C, size_t ncol, int64
 const char *qfk_check(qfk_job *j, const qfk_lens *lens) {
     const qfk_int R = j->R, C = j->C, stride = j->stride;
     const int n = j->n;
-    qfk_int itemsize;
+    qfk_int itemsize, rowbytes;
     int k;
     if (n != 1 && n != 2 && n != 4 && n != 8) return "codes per byte must be 1, 2, 4 or 8";
     if (R < 0 || C < 0 || stride < 0) return "negative size";
     if (C % n) return "row length is not a whole number of bytes";
+    if (j->six && (n != 1 || C % 4 || j->span)) return "6-bit codes need n = 1, whole groups of 4 codes and no planes";
+    rowbytes = j->six ? C / 4 * 3 : C / n;
     if (j->outkind < QFK_OUT_F32 || j->outkind > QFK_OUT_BF16) return "bad output kind";
     if (j->span && (j->span < 0 || j->span % n || QFK_TILE % j->span || C % j->span))
         return "planes span must divide the tile and the row, in whole bytes";
     itemsize = j->outkind == QFK_OUT_F32 ? 4 : 2;
     if (R && C) {
-        if (stride > PTRDIFF_MAX / R || (R - 1) * stride > PTRDIFF_MAX - C / n) return "codes too large";
-        if (!j->codes || lens->codes < (size_t)((R - 1) * stride + C / n)) return "codes buffer too short";
+        if (stride > PTRDIFF_MAX / R || (R - 1) * stride > PTRDIFF_MAX - rowbytes) return "codes too large";
+        if (!j->codes || lens->codes < (size_t)((R - 1) * stride + rowbytes)) return "codes buffer too short";
         if (C > PTRDIFF_MAX / R / itemsize) return "output too large";
     }
     if (!j->bt || lens->bt != 256 * (size_t)n * sizeof(float)) return "byte table must hold 256 * n binary32 values";

@@ -54,6 +54,10 @@ typedef struct qfk_job {
     /* stream: a float32 output too large to stay in cache; the AVX2 and AVX-512 nibble rows
      * write lines on a 64-byte boundary with non-temporal stores (the same bits) */
     int stream;
+    /* six: 6-bit codes, four in three bytes, least significant bits first (a bit stream in byte
+     * containers: GGUF K-quants' sub-block scales, Q6_K's codes); n is 1 (the byte table's first 64
+     * entries are the codes' values) and C a multiple of 4, so each row is C / 4 * 3 bytes */
+    int six;
     qfk_param p[3];
     void *out;
 } qfk_job;

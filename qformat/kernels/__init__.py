@@ -126,18 +126,21 @@ def _restore(state: tuple[bool, str, str | None]) -> None:
 
 
 def fused(codes: Any, stride: int, rows: int, cols: int, n: int, byte_table: Any,
-          params: Sequence[tuple[Any, ...]], out: Any, out_kind: int, span: int = 0, stream: bool = False) -> None:
+          params: Sequence[tuple[Any, ...]], out: Any, out_kind: int, span: int = 0, stream: bool = False,
+          six: bool = False) -> None:
     """One call of the C kernel on ``rows`` x ``cols`` values (see ``_native.c``): ``codes``
     (bytes, ``n`` codes per byte, rows ``stride`` bytes apart), ``byte_table`` (float32
     ``[256, n]``), ``params`` in decode order as ``(op, mode, values, rowoff, colidx, a, b[, value format])``
     (format 0: binary32 values, 1: binary16, 2: bfloat16, as uint16 bits),
     ``out`` (C-contiguous, ``out_kind``), ``span`` (0, or a planes span, SPEC.md 7.12), ``stream``
     (a float32 ``out`` too large to stay in cache: lines on a 64-byte boundary are written with
-    non-temporal stores where the kernel's nibble rows apply; the same bits).  Every size and
+    non-temporal stores where the kernel's nibble rows apply; the same bits), ``six`` (6-bit codes,
+    four in three bytes, least significant bits first: ``n`` is 1 and each row ``cols / 4 * 3``
+    bytes; GGUF K-quants' sub-block scales and Q6_K's codes).  Every size and
     parameter cell is range-checked in C (ValueError) before any byte is read."""
     if _native is None:
         raise RuntimeError(f"the native extension is not built ({_IMPORT_ERROR})")
-    _native.decode(codes, stride, rows, cols, n, byte_table, params, out, out_kind, span, stream)
+    _native.decode(codes, stride, rows, cols, n, byte_table, params, out, out_kind, span, stream, six)
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}

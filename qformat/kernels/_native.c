@@ -34,15 +34,16 @@ static void release_all(Py_buffer *bufs, int nb) {
     for (i = 0; i < nb; i++) PyBuffer_Release(&bufs[i]);
 }
 
-/* decode(codes, stride, R, C, n, byte_table, params, out, outkind, span, stream)
+/* decode(codes, stride, R, C, n, byte_table, params, out, outkind, span, stream, six)
  * params: a sequence of (op, mode, values, rowoff, colidx or None, a, b[, vkind]); span: 0, or the
- * planes span (a divisor of the tile, a multiple of n, dividing C). */
+ * planes span (a divisor of the tile, a multiple of n, dividing C); six: 6-bit codes, four in three bytes
+ * (n = 1, see kernel.h). */
 static PyObject *py_decode(PyObject *self, PyObject *args) {
     Py_buffer bufs[3 + 3 * 3];
     int nb = 0, k, outkind, n;
     Py_ssize_t stride, R, C, span = 0;
     PyObject *params, *seq = NULL;
-    int stream = 0;
+    int stream = 0, six = 0;
     const char *why;
     qfk_job j;
     qfk_lens lens;
@@ -50,8 +51,8 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     memset(&j, 0, sizeof j);
     memset(&lens, 0, sizeof lens);
     memset(bufs, 0, sizeof bufs);
-    if (!PyArg_ParseTuple(args, "y*nnniy*Ow*i|np", &bufs[0], &stride, &R, &C, &n, &bufs[1], &params, &bufs[2], &outkind, &span,
-                          &stream)) {
+    if (!PyArg_ParseTuple(args, "y*nnniy*Ow*i|npp", &bufs[0], &stride, &R, &C, &n, &bufs[1], &params, &bufs[2], &outkind, &span,
+                          &stream, &six)) {
         for (k = 0; k < 3; k++)
             if (bufs[k].obj) PyBuffer_Release(&bufs[k]);
         return NULL;
@@ -112,6 +113,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     j.outkind = outkind;
     j.span = span;
     j.stream = stream;
+    j.six = six;
     lens.codes = (size_t)bufs[0].len;
     lens.bt = (size_t)bufs[1].len;
     lens.out = (size_t)bufs[2].len;
