@@ -19,6 +19,7 @@ import numpy as np
 from . import dtypes as _dt
 from . import kernels as _kernels
 from .descriptor import Descriptor, Param, codes_shape
+from .errors import error
 from .layouts import canonical_view
 from .regions import (BYTE_ITEM, GridRead, Region, byte_lookup, byte_table, check_group_index, chunk_rows, code_range_error, element_table,
                       full_region, grid_array, iter_chunks, plan_grid, plan_param, read_codes, region_shape, source_index_reader)
@@ -363,12 +364,12 @@ def round_to_logical(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -
 
 
 def check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, tensor: str | None = None) -> None:
-    """Refuse a caller's output buffer that :func:`decode` cannot write in place: not a NumPy
-    array (TypeError), or not exactly ``dtype`` and ``shape``, not C-contiguous, or read-only
-    (ValueError); the message names the tensor and what was expected and found."""
-    who = f"tensor {tensor!r}: " if tensor else ""
+    """Refuse a caller's output buffer that :func:`decode` cannot write in place (``OUT_INVALID``,
+    a usage code): not a NumPy array, or not exactly ``dtype`` and ``shape``, not C-contiguous,
+    or read-only; the message names the tensor and what was expected and found."""
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"{who}out must be a NumPy array (C-contiguous {np.dtype(dtype)}, shape {tuple(shape)}), found {type(out).__name__}")
+        raise error("OUT_INVALID", f"out must be a NumPy array (C-contiguous {np.dtype(dtype)}, shape {tuple(shape)}), found {type(out).__name__}",
+                    tensor=tensor, field="out")
     problems = []
     if out.dtype != dtype:
         problems.append(f"dtype {out.dtype} (expected {np.dtype(dtype)})")
@@ -379,8 +380,8 @@ def check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, tensor: str 
     if not out.flags.writeable:
         problems.append("read-only")
     if problems:
-        raise ValueError(f"{who}out must be a writable C-contiguous {np.dtype(dtype)} array of shape {tuple(shape)}; found "
-                         + ", ".join(problems))
+        raise error("OUT_INVALID", f"out must be a writable C-contiguous {np.dtype(dtype)} array of shape {tuple(shape)}; found "
+                    + ", ".join(problems), tensor=tensor, field="out")
 
 
 def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: str | None = None,

@@ -62,18 +62,20 @@ def test_dequantize_out_other_dtypes(dtype: str) -> None:
 def test_dequantize_out_refused() -> None:
     qt = CASES[0][1]
     shape = qt.shape
-    with pytest.raises(TypeError, match="NumPy array"):
-        qformat.dequantize(qt, out=[0.0] * 4)
-    with pytest.raises(ValueError, match="dtype float64"):
-        qformat.dequantize(qt, out=np.empty(shape, np.float64))
-    with pytest.raises(ValueError, match=r"shape \(48, 511\)"):
-        qformat.dequantize(qt, out=np.empty((48, 511), np.float32))
-    with pytest.raises(ValueError, match="not C-contiguous"):
-        qformat.dequantize(qt, out=np.empty(shape[::-1], np.float32).T)
+    from qformat.errors import QFormatError
+
+    def refused(match: str, out: object) -> None:
+        with pytest.raises(QFormatError, match=match) as e:
+            qformat.dequantize(qt, out=out)
+        assert e.value.code == "OUT_INVALID" and e.value.field == "out"
+
+    refused("NumPy array", [0.0] * 4)
+    refused("dtype float64", np.empty(shape, np.float64))
+    refused(r"shape \(48, 511\)", np.empty((48, 511), np.float32))
+    refused("not C-contiguous", np.empty(shape[::-1], np.float32).T)
     ro = np.empty(shape, np.float32)
     ro.flags.writeable = False
-    with pytest.raises(ValueError, match="read-only"):
-        qformat.dequantize(qt, out=ro)
+    refused("read-only", ro)
     with pytest.raises(TypeError, match="QTensor"):
         qformat.dequantize(np.zeros(3))
     # a refused buffer is left as it was

@@ -1073,6 +1073,7 @@ API_CASES = [
     pytest.param("DTYPE_INVALID", lambda tmp: _qt(dtype="float64").dequantize(), id="DTYPE_INVALID-dequantize"),
     pytest.param("LAYOUT_UNKNOWN", lambda tmp: _qt(layout={"name": "marlin", "parameters": {}}).dequantize(), id="LAYOUT_UNKNOWN-dequantize"),
     pytest.param("COMPONENT_MISSING", lambda tmp: _save(tmp, {"w": qformat.QTensor(int4_tensor("w")[0], {})}), id="COMPONENT_MISSING-save"),
+    pytest.param("OUT_INVALID", lambda tmp: _qt().dequantize(out=np.empty((1, 1), np.float64)), id="OUT_INVALID-dequantize"),
 ]
 
 

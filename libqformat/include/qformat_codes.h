@@ -96,7 +96,8 @@ typedef enum qf_status {
     QF_E_EXPORT_TOKENIZER_INVALID = 89, /* usage */
     QF_E_EXPORT_OPTION_INVALID = 90, /* usage */
     QF_E_LOAD_MISMATCH = 91, /* usage */
-    QF_STATUS_COUNT = 92
+    QF_E_OUT_INVALID = 92, /* usage */
+    QF_STATUS_COUNT = 93
 } qf_status;
 
 #endif

@@ -95,6 +95,7 @@ const char *const qf_status_names[] = {
     "EXPORT_TOKENIZER_INVALID",
     "EXPORT_OPTION_INVALID",
     "LOAD_MISMATCH",
+    "OUT_INVALID",
 };
 
 const char *const qf_status_categories[] = {
@@ -156,6 +157,7 @@ const char *const qf_status_categories[] = {
     "unsupported",
     "invalid",
     "invalid",
+    "usage",
     "usage",
     "usage",
     "usage",
