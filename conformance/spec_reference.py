@@ -225,6 +225,8 @@ def decode(desc: Mapping[str, Any], comps: Mapping[str, np.ndarray]) -> np.ndarr
     if desc.get("layout", {"name": "canonical"})["name"] != "canonical":
         desc, comps = to_canonical(desc, comps)  # §11: a device layout is read as its canonical component
     shape = tuple(desc["shape"])
+    if 0 in shape:  # §10.6: a tensor with no elements reads no component value
+        return np.zeros(shape, LOGICAL[desc["dtype"]])
     codes = unpack(desc, comps)
     el = desc["codes"]["element"]
     grids = {r: param_grid(desc[r], shape, comps) for r in ("zero", "scale", "bias") if r in desc}
@@ -550,6 +552,11 @@ def read_parts(data: bytes) -> tuple[dict | None, dict[str, np.ndarray]]:
         if name == "__metadata__" or e["dtype"] not in _NP:
             continue
         b, end = e["data_offsets"]
+        if 0 in e["shape"] and not empty_representable(e["shape"], np.dtype(_NP[e["dtype"]]).itemsize):
+            # §2.2: a component is never refused for an empty shape no array can hold; no element
+            # of it is ever read, so a flat empty array stands for it
+            comps[name] = np.zeros((0,), _NP[e["dtype"]])
+            continue
         comps[name] = np.frombuffer(data[base + b : base + end], _NP[e["dtype"]]).reshape(e["shape"])
     meta = header.get("__metadata__")  # §2.3 check 8: null is no metadata
     q = (meta if meta is not None else {}).get("qformat")

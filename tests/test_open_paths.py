@@ -75,7 +75,8 @@ def test_other_paths_say_what_they_are(tmp_path, kind):
     for fn in (qformat.load_file, qformat.safe_open):
         with pytest.raises(qformat.QFormatError) as e:
             fn(path)
-        assert e.value.code == ("INDEX_INVALID" if kind == "config-json" else "FILE_UNREADABLE")
+        # a GGUF file is NOT_SAFETENSORS since SPEC.md 1.2.1 (§2.3: a required code, what the file holds)
+        assert e.value.code == {"config-json": "INDEX_INVALID", "gguf": "NOT_SAFETENSORS"}.get(kind, "FILE_UNREADABLE")
         assert all(w in str(e.value) for w in words), str(e.value)
 
 

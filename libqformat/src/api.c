@@ -402,9 +402,36 @@ static qf_status check_file(const qf_file *f, unsigned flags, qf_problem_cb cb, 
     if (flags & QF_CHECK_STRICT)
         for (size_t i = 0; i < f->lenient.n; i++)
             if (emit(cb, user, &f->lenient.v[i], &first)) goto done;
-    for (size_t i = 0; i < f->nlogical; i++)
-        for (size_t k = 0; k < f->logical[i].probs.n; k++)
-            if (emit(cb, user, &f->logical[i].probs.v[k], &first)) goto done;
+    /* the reference checker's order: tensors refused at step 5 in `tensors` order, then those
+     * refused for a component claimed twice (by name), then name conflicts (in `tensors` order) */
+    for (int pass = 0; pass < 3; pass++) {
+        size_t *ix = NULL, m = 0;
+        if (f->nlogical && !(ix = (size_t *)malloc(f->nlogical * sizeof *ix))) {
+            qf_set_error(err, QF_E_SHAPE_UNREPRESENTABLE, "out of memory");
+            return QF_E_SHAPE_UNREPRESENTABLE;
+        }
+        for (size_t i = 0; i < f->nlogical; i++) {
+            const qf_probs *p = &f->logical[i].probs;
+            if (!p->n) continue;
+            int kind = p->v[0].status == QF_E_COMPONENT_CLAIMED_TWICE ? 1 : p->v[0].status == QF_E_NAME_CONFLICT ? 2 : 0;
+            if (kind == pass) ix[m++] = i;
+        }
+        if (pass == 1) /* insertion sort by name (few tensors are refused) */
+            for (size_t a = 1; a < m; a++)
+                for (size_t b = a; b > 0; b--) {
+                    qf_str x = f->logical[ix[b - 1]].name, y = f->logical[ix[b]].name;
+                    size_t n = x.n < y.n ? x.n : y.n;
+                    int c = memcmp(x.p, y.p, n);
+                    if (c < 0 || (c == 0 && x.n <= y.n)) break;
+                    size_t t = ix[b - 1]; ix[b - 1] = ix[b]; ix[b] = t;
+                }
+        int stop = 0;
+        for (size_t j = 0; j < m && !stop; j++)
+            for (size_t k = 0; k < f->logical[ix[j]].probs.n && !stop; k++)
+                stop = emit(cb, user, &f->logical[ix[j]].probs.v[k], &first);
+        free(ix);
+        if (stop) goto done;
+    }
     for (size_t i = 0; i < f->plain_probs.n; i++)
         if (emit(cb, user, &f->plain_probs.v[i], &first)) goto done;
     for (size_t i = 0; i < f->nlogical; i++) {

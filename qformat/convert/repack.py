@@ -170,7 +170,15 @@ def _admit_of(src: Any, name: str, where: Any) -> Any:
         return None
 
 
+#: the canonical packing runs along the last axis, and packing axes are 0..15 (SPEC.md §5.5)
+MAX_REPACK_RANK = 16
+
+
 def _repack(prefix: str, desc: Descriptor, src: Source, comps: dict[str, Component], renamed: dict[str, str]) -> dict[str, Any]:
+    if len(desc.shape) > MAX_REPACK_RANK:
+        raise error("CONVERT_UNSUPPORTED", f"--repack packs codes along the last axis, and a packing axis is at most 15 "
+                    f"(SPEC.md §5.5); this tensor has rank {len(desc.shape)}: convert it without --repack",
+                    tensor=prefix, field="shape")
     original = desc
     desc, get_src, infos = _canonical(desc, src)
     el = desc.codes.element
