@@ -33,7 +33,6 @@ the section's ``machine`` row.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,45 +52,13 @@ FLAGS = (
     "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
 )
 TOOLS = ("test-backend-ops",)
-JOBS = 2
-NICE = 19
-
-
-class Skip(RuntimeError):
-    """ggml's test-backend-ops cannot be built or run here; the message says why."""
-
-
-def _lc() -> Any:
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    try:
-        from tests import llama_cpp as L
-    except ImportError as e:
-        raise Skip(f"tests/llama_cpp.py (the llama.cpp build harness) cannot be imported: {e}") from None
-    return L
+# built by bench/llama_cpp_speed.py's builder (its JOBS and NICE), the same Skip
+from .llama_cpp_speed import Skip, _lc, build_tools  # noqa: E402
 
 
 def tools_dir(build: bool) -> tuple[Path, dict[str, Any]]:
     """(folder of ``test-backend-ops``, the build's record), building it (niced) when ``build`` and missing."""
-    L = _lc()
-    S = L.llama_cpp_source
-    if not build and not (os.environ.get("QFORMAT_LLAMA_CPP_SRC") or os.environ.get("QFORMAT_LLAMA_CPP_SDIST")
-                          or (S.cache_root() / S.SDIST_NAME).is_file()):
-        raise Skip(f"the llama.cpp source is not downloaded (and --quick downloads nothing): python -m bench --only {SECTION}")
-    try:
-        src = L.source_dir()
-        final = L.build_dir(src, FLAGS, TOOLS)
-        if not (final / L.BUILD_RECORD).is_file():
-            if not build:
-                raise Skip(f"ggml's test-backend-ops build is not there ({final}); a full run builds it: python -m bench --only {SECTION}")
-            print(f"[{SECTION}] building llama.cpp's test-backend-ops into {final}: nice -n {NICE}, {JOBS} jobs, "
-                  "10-20 minutes on 2 cores ...", flush=True)
-        d = L.tools_dir(src, JOBS, FLAGS, TOOLS, nice=NICE)
-        return d, L.build_record(src, FLAGS, TOOLS) | {"sdist": f"{S.PACKAGE} {S.VERSION}"}
-    except Skip:
-        raise
-    except Exception as e:  # noqa: BLE001 - no source, no cmake, a failed build: the section says so
-        raise Skip(f"test-backend-ops could not be built: {type(e).__name__}: {e}") from None
+    return build_tools(SECTION, FLAGS, TOOLS, build, "ggml's test-backend-ops", "10-20")
 
 
 # -- the measurement ---------------------------------------------------------------------------------

@@ -123,28 +123,34 @@ def _lc() -> Any:
     return L
 
 
-def tools_dir(build: bool) -> tuple[Path, dict[str, Any]]:
-    """(folder of :data:`TOOLS`, the build's record), building it (niced) when ``build`` and missing."""
+def build_tools(section: str, flags: tuple[str, ...], tools: tuple[str, ...], build: bool, what: str, minutes: str) -> tuple[Path, dict[str, Any]]:
+    """(folder of ``tools`` built with ``flags`` by tests/llama_cpp.py, the build's record),
+    building them (niced) when ``build`` and missing; :class:`Skip` saying why otherwise.  The
+    one builder of every bench section that runs llama.cpp's tools."""
     L = _lc()
     S = L.llama_cpp_source
     if not build and not (os.environ.get("QFORMAT_LLAMA_CPP_SRC") or os.environ.get("QFORMAT_LLAMA_CPP_SDIST")
                           or (S.cache_root() / S.SDIST_NAME).is_file()):
         raise Skip(f"the llama.cpp source is not downloaded (and --quick downloads nothing); a full run fetches and builds it: "
-                   f"python -m bench --only {SECTION}")
+                   f"python -m bench --only {section}")
     try:
         src = L.source_dir()
-        final = L.build_dir(src, FLAGS, TOOLS)
+        final = L.build_dir(src, flags, tools)
         if not (final / L.BUILD_RECORD).is_file():
             if not build:
-                raise Skip(f"llama.cpp's speed build is not there ({final}); a full run builds it: python -m bench --only {SECTION}")
-            print(f"[{SECTION}] building llama.cpp ({', '.join(TOOLS)}) into {final}: nice -n {NICE}, {JOBS} jobs, "
-                  "10-15 minutes on 2 cores ...", flush=True)
-        d = L.tools_dir(src, JOBS, FLAGS, TOOLS, nice=NICE)
-        return d, L.build_record(src, FLAGS, TOOLS) | {"sdist": f"{S.PACKAGE} {S.VERSION}"}
+                raise Skip(f"{what} build is not there ({final}); a full run builds it: python -m bench --only {section}")
+            print(f"[{section}] building {what} into {final}: nice -n {NICE}, {JOBS} jobs, {minutes} minutes on 2 cores ...", flush=True)
+        d = L.tools_dir(src, JOBS, flags, tools, nice=NICE)
+        return d, L.build_record(src, flags, tools) | {"sdist": f"{S.PACKAGE} {S.VERSION}"}
     except Skip:
         raise
     except Exception as e:  # noqa: BLE001 - no source, no cmake, a failed build: the section says so
-        raise Skip(f"llama.cpp could not be built: {type(e).__name__}: {e}") from None
+        raise Skip(f"{what} could not be built: {type(e).__name__}: {e}") from None
+
+
+def tools_dir(build: bool) -> tuple[Path, dict[str, Any]]:
+    """(folder of :data:`TOOLS`, the build's record), building it (niced) when ``build`` and missing."""
+    return build_tools(SECTION, FLAGS, TOOLS, build, "llama.cpp's speed", "10-15")
 
 
 def _run(cmd: list[Any], what: str, timeout: float = TIMEOUT_S, cwd: Path | None = None) -> str:

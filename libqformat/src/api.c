@@ -269,13 +269,22 @@ static qf_str owner_name(const qf_file *f, qf_str stored) {
     return stored;
 }
 
-/* with verify_digests: the stored tensors an exposed tensor reads, and its own name */
-static qf_status verify_exposed(const qf_file *f, const qf_exposed *x, qf_error *err) {
-    if (!f->opts.verify_digests || !f->digests) return QF_OK;
-    if (!digest_supported(f)) {
+/* with verify_digests: DIGEST_UNSUPPORTED for an algorithm this reader does not implement, else
+ * QF_OK; *go says whether there are digests to verify */
+static qf_status verify_start(const qf_file *f, int *go, qf_error *err) {
+    *go = f->opts.verify_digests && f->digests;
+    if (*go && !digest_supported(f)) {
         qf_set_error(err, QF_E_DIGEST_UNSUPPORTED, "field digests.algorithm: the digest algorithm is not one this reader implements (sha256)");
         return QF_E_DIGEST_UNSUPPORTED;
     }
+    return QF_OK;
+}
+
+/* with verify_digests: the stored tensors an exposed tensor reads, and its own name */
+static qf_status verify_exposed(const qf_file *f, const qf_exposed *x, qf_error *err) {
+    int go;
+    qf_status st = verify_start(f, &go, err);
+    if (st || !go) return st;
     const qj *ts = qj_get(f->digests, "tensors");
     qf_probs pr = {0};
     for (size_t k = 0; k < ts->n && !pr.n; k++) {
@@ -297,11 +306,9 @@ static qf_status verify_exposed(const qf_file *f, const qf_exposed *x, qf_error 
  * check (SPEC.md 1.2.1, 3.8): the first listed digest that fails, a listed name that is no
  * stored tensor included (DIGEST_MISMATCH under that name: a request for the whole file fails) */
 static qf_status verify_file(const qf_file *f, qf_error *err) {
-    if (!f->opts.verify_digests || !f->digests) return QF_OK;
-    if (!digest_supported(f)) {
-        qf_set_error(err, QF_E_DIGEST_UNSUPPORTED, "field digests.algorithm: the digest algorithm is not one this reader implements (sha256)");
-        return QF_E_DIGEST_UNSUPPORTED;
-    }
+    int go;
+    qf_status st = verify_start(f, &go, err);
+    if (st || !go) return st;
     const qj *ts = qj_get(f->digests, "tensors");
     qf_probs pr = {0};
     for (size_t k = 0; k < ts->n && !pr.n; k++) digest_problem(f, ts->keys[k], ts->items[k], owner_name(f, ts->keys[k]), &pr);
