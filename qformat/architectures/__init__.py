@@ -3,19 +3,38 @@ architecture differ in, one module per architecture (:class:`.base.Architecture`
 ``qformat convert model.gguf out/`` (GGUF -> Hugging Face folder, which checks transformers'
 loader against it) and ``qformat export --to gguf`` (folder -> GGUF, which applies it).
 
+Every module of this package except ``base`` is one entry: it defines ``ARCH`` (or ``ARCHS``, a
+tuple, for a module holding several related entries); the table is built from the modules found
+here, so a new architecture is one new file.
+
 An architecture that is not here is refused by name (``EXPORT_UNMAPPABLE``): a GGUF written with
 transformers' tensor names, or without the keys llama.cpp reads, does not load there.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from .base import Architecture, rotary_permutation
-from .gemma3 import ARCH as GEMMA3
-from .llama import ARCH as LLAMA
-from .qwen2 import ARCH as QWEN2
+
+
+def _entries() -> list[Architecture]:
+    found: list[Architecture] = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name == "base" or info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        found.extend(getattr(mod, "ARCHS", ()) or (getattr(mod, "ARCH"),))
+    return found
+
 
 #: GGUF general.architecture -> its entry.
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, QWEN2, GEMMA3)}
+ARCHITECTURES: dict[str, Architecture] = {}
+for _a in _entries():
+    if _a.name in ARCHITECTURES:
+        raise RuntimeError(f"two architecture modules define {_a.name!r}")
+    ARCHITECTURES[_a.name] = _a
 #: config.json model_type -> its entry.
 MODEL_TYPES: dict[str, Architecture] = {mt: a for a in ARCHITECTURES.values() for mt in a.model_types}
 
@@ -23,8 +42,10 @@ __all__ = ["ARCHITECTURES", "MODEL_TYPES", "Architecture", "by_gguf", "by_model_
 
 
 def by_model_type(model_type: object) -> Architecture | None:
+    """The entry whose config.json ``model_type`` is ``model_type`` (None: not in the table)."""
     return MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
 
 
 def by_gguf(arch: object) -> Architecture | None:
+    """The entry whose GGUF ``general.architecture`` is ``arch`` (None: not in the table)."""
     return ARCHITECTURES.get(arch) if isinstance(arch, str) else None
