@@ -1,4 +1,4 @@
-"""The native kernels (qformat/kernels/_native.c: decode; _matmul.c: matmul; _ggml.c: GGUF quantizers) as optional setuptools extensions.
+"""The native kernels (qformat/kernels/_native.c: decode; _matmul.c: matmul; _ggml.c: GGUF quantizers; _encode.c: int encoders) as optional setuptools extensions.
 
 _native is the CPython wrapper around libqformat's fused decode kernel (libqformat/src/kernel.c and
 kernel.h): one C decoder source for the Python package and the C library, compiled into the
@@ -25,9 +25,9 @@ else:
     args = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-strict-aliasing", "-fvisibility=hidden"]
 
 # _native: the fused decode; _matmul: QLinear's packed-weight matmul (qformat.kernels.matmul); _ggml: the GGUF
-# block quantizers (qformat.schemes.gguf).
+# block quantizers (qformat.schemes.gguf); _encode: the int group encoders (qformat.schemes.int_).
 SOURCES = {"_native": ["qformat/kernels/_native.c", "libqformat/src/kernel.c"]}
 DEPENDS = {"_native": ["libqformat/src/kernel.h"]}
 setup(ext_modules=[Extension(f"qformat.kernels.{name}", SOURCES.get(name, [f"qformat/kernels/{name}.c"]), extra_compile_args=args,
                              include_dirs=["libqformat/src"] if name in SOURCES else [], depends=DEPENDS.get(name, []), optional=True)
-                   for name in ("_native", "_matmul", "_ggml")])
+                   for name in ("_native", "_matmul", "_ggml", "_encode")])

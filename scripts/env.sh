@@ -41,13 +41,13 @@ if [ ! -f "$STAMP" ]; then
   touch "$STAMP"
   echo "[setup] done in $((SECONDS - T0)) s: $VENV holds $(du -sh "$VENV" 2>/dev/null | cut -f1) ($TORCH_BUILD)" >&2
 fi
-# The native kernels (qformat/kernels/_native.c: decode, _matmul.c: matmul, _ggml.c: GGUF quantizers; optional extensions
+# The native kernels (qformat/kernels/_native.c: decode, _matmul.c: matmul, _ggml.c: GGUF quantizers, _encode.c: int encoders; optional extensions
 # that pip's editable install builds in place): rebuilt here when a source or setup.py is newer
 # than its built module, so a changed kernel never runs stale.  A failed build only warns:
 # qformat then decodes with its NumPy path and QLinear decodes per forward
 # (qformat.kernels.info() says which).
 STALE=""
-for NAME in _native _matmul _ggml; do
+for NAME in _native _matmul _ggml _encode; do
   SO="$(ls "$ROOT"/qformat/kernels/$NAME.*.so 2>/dev/null | head -n1 || true)"
   if [ -z "$SO" ] || [ "$ROOT/qformat/kernels/$NAME.c" -nt "$SO" ] || [ "$ROOT/setup.py" -nt "$SO" ]; then STALE=1; fi
   # _native compiles libqformat's fused kernel too (one decoder source for both)

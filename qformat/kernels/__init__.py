@@ -276,3 +276,25 @@ def ggml_quantize_weighted(type_name: str, x: Any, importance: Any, out: Any = N
         out = np.empty((xa.shape[0], w.size // block * size), np.uint8)
     _ggml.quantize_weighted(type_name, xa, w, out, level)
     return out
+
+
+# -- the int group encoders (``_encode.c``, issue 45 item 5) ----------------------------------------
+try:  # optional like _native: without it qformat.schemes.int_ encodes with its NumPy path (the same bytes)
+    from . import _encode  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised by the fresh-install check without a compiler
+    _encode = None
+
+
+def encode_available() -> bool:
+    """Whether the native int group encoders run (the extension built, and native kernels not
+    switched off with ``QFORMAT_KERNELS=numpy`` or :func:`use`)."""
+    return _encode is not None and (_enabled or (_native is None and _reason == ""))
+
+
+def encode_level() -> int:
+    """The int encoders' level (0 baseline, 1 AVX2, 2 AVX-512): the best this CPU has, capped
+    by the decode kernel's level (:func:`use`), as :func:`matmul_level`."""
+    if _encode is None:
+        return 0
+    cpu = int(_encode.best_level())
+    return cpu if _native is None else min(cpu, LEVELS.index(_native.level()))

@@ -8,6 +8,13 @@ value of largest magnitude divided by -2^(b-1)); the search runs in binary32 and
 replaces Q4_0's only when clearly better, so the result is never worse than Q4_0 on the same
 group.  Groups are encoded in chunks on a few threads; the bytes never depend on either.
 
+Where the native extension is built (``qformat.kernels._encode``, ``_encode.c``) the groups it
+covers (16-bit scales; binary32-exact input; symmetric: :func:`int_symmetric.covered`;
+asymmetric: float32 output) are encoded in C, ranges of rows on ``qformat.kernels.pool``, with
+the same bytes as the NumPy path (tests/test_native_encode.py compares them bit for bit); the
+groups it leaves (non-finite or extreme values) and every other case take the NumPy path, which
+``QFORMAT_KERNELS=numpy`` (or ``kernels.use("numpy")``) selects throughout.
+
 Asymmetric: unsigned codes q in [0, 2^b - 1] with an integer zero point z per group (a plain
 U8 tensor), x ~ (q - z) * s, s = (max - min) / (2^b - 1) over the group's range widened to
 include 0 (so that 0 is exact and z is in range).
@@ -19,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import kernels
 from ..qtensor import QTensor
-from . import int_symmetric
+from . import _common, int_symmetric
 from .registry import Planned, register
 from ._common import (
     SCALE_STORAGE, bad_param, best_int_codes, check_axis, check_bool, check_choice, check_int, codes_entry, grid_blocks, map_chunks, np_dtype, pack, packed_shape, resolve_sizes,
@@ -144,6 +152,63 @@ def _asymmetric(x: np.ndarray, bits: int, scale_dtype: str, dtype: str) -> tuple
     return q.astype(np.uint8), s, z, ok
 
 
+#: The native encoders' kinds (``_encode.c``): input element, scale and logical dtype.
+_SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
+_SCALE_KIND = {"float16": 1, "bfloat16": 2}
+_OUT_KIND = {"float32": 0, "float16": 1, "bfloat16": 2}
+#: Rows per native call are at least this many elements (a call and a pool task cost a few us).
+_NATIVE_MIN_ELEMENTS = 1 << 16
+
+
+def _native_covers(x_dtype: np.dtype, sym: bool, scale_dtype: str, dtype: str) -> bool:
+    """Whether the native encoder (``qformat.kernels._encode``) takes these groups: 16-bit
+    scales, binary32-exact input, and the NumPy path's binary32 rule (symmetric) or an exact
+    product (asymmetric, float32 output).  Everything else stays on the NumPy path."""
+    if not kernels.encode_available() or x_dtype.name not in _SRC or scale_dtype not in _SCALE_KIND:
+        return False
+    return int_symmetric.covered(x_dtype, scale_dtype, dtype) if sym else dtype == "float32"
+
+
+def _native(rows: np.ndarray, bits: int, sym: bool, scale_dtype: str, dtype: str, packed: bool) -> tuple[np.ndarray, ...]:
+    """:func:`_symmetric` / :func:`_asymmetric` of all ``rows`` (groups), the same bytes, in C:
+    ranges of rows on ``kernels.pool`` (GIL released).  Groups the C path leaves (status 0:
+    NaN, Inf, zero or extreme ranges, ...) are encoded by the NumPy path, row by row
+    independent, so the result never depends on the split."""
+    x = np.ascontiguousarray(rows)
+    n, g = x.shape
+    codes = np.empty((n, g // 2) if packed else (n, g), np.uint8 if (packed or not sym) else np.int8)
+    s = np.empty(n, np.float64)
+    z = None if sym else np.empty(n, np.float64)
+    st = np.empty(n, np.uint8)
+    src, sk, level = _SRC[x.dtype.name], _SCALE_KIND[scale_dtype], kernels.encode_level()
+    enc = kernels._encode
+
+    def run(a: int, b: int) -> None:
+        if sym:
+            enc.int_sym(x[a:b], src, b - a, g, bits, sk, _OUT_KIND[dtype], packed, codes[a:b], s[a:b], st[a:b], level)
+        else:
+            enc.int_asym(x[a:b], src, b - a, g, bits, sk, packed, codes[a:b], s[a:b], z[a:b], st[a:b], level)  # type: ignore[index]
+
+    threads = _common.THREADS
+    step = max(16, -(-n // (threads * 4)), _NATIVE_MIN_ELEMENTS // max(g, 1))
+    bounds = [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
+    if threads <= 1 or len(bounds) == 1:
+        for a, b in bounds:
+            run(a, b)
+    else:
+        list(kernels.pool(threads).map(lambda ab: run(*ab), bounds))
+    ok = np.ones(n, bool)
+    left = np.flatnonzero(st == 0)
+    if len(left):
+        sub = x[left]
+        if sym:
+            codes[left], s[left], ok[left] = _symmetric(sub, bits, scale_dtype, dtype, packed)
+        else:
+            q, s[left], z[left], ok[left] = _asymmetric(sub, bits, scale_dtype, dtype)  # type: ignore[index]
+            codes[left] = int_symmetric.nibbles(q) if packed else q
+    return (codes, s, ok) if sym else (codes, s, z, ok)
+
+
 def _grouped(x: np.ndarray, ax: int | None, g: int | None) -> tuple[np.ndarray, tuple[int, ...], int, int]:
     """x with the grouped axis last, as rows of one group each: ([R * ng, gs], lead, ng, gs)."""
     xm = x.reshape(1, 1) if ax is None else np.moveaxis(x, ax, -1)
@@ -233,11 +298,17 @@ def encode(x: np.ndarray, *, dtype: str, bits: Any = 4, group_size: Any = 32, ax
     # 4-bit symmetric codes along the last axis in whole even groups (the usual case) are packed
     # by the workers: each group is a whole number of bytes of the canonical packing.
     packed = sym and b == 4 and ax == rank - 1 and ng * gs == length and gs % 2 == 0
-    if sym:
-        parts = map_chunks(lambda a, c: _symmetric(rows[a:c], b, sdt, dtype, packed), len(rows), gs, CHUNK_ELEMENTS)
+    native = _native_covers(rows.dtype, sym, sdt, dtype)
+    # the native asymmetric encoder packs 4-bit codes too (the same canonical packing)
+    packed_asym = native and not sym and b == 4 and ax == rank - 1 and ng * gs == length and gs % 2 == 0
+    if native:
+        q, s, *rest = _native(rows, b, sym, sdt, dtype, packed or packed_asym)
     else:
-        parts = map_chunks(lambda a, c: _asymmetric(rows[a:c], b, sdt, dtype), len(rows), gs, CHUNK_ELEMENTS)
-    q, s, *rest = (np.concatenate(p) for p in zip(*parts))
+        if sym:
+            parts = map_chunks(lambda a, c: _symmetric(rows[a:c], b, sdt, dtype, packed), len(rows), gs, CHUNK_ELEMENTS)
+        else:
+            parts = map_chunks(lambda a, c: _asymmetric(rows[a:c], b, sdt, dtype), len(rows), gs, CHUNK_ELEMENTS)
+        q, s, *rest = (np.concatenate(p) for p in zip(*parts))
     if not rest[-1].all():
         i = int(np.argmin(rest[-1]))
         raise bad_param("scale_dtype", f"a dtype that holds every group's scale (max |x| = {float(np.max(np.abs(rows[i]))):g})", sdt)
@@ -250,11 +321,15 @@ def encode(x: np.ndarray, *, dtype: str, bits: Any = 4, group_size: Any = 32, ax
         # 8-bit codes keep their natural dtype so plain safetensors readers see the integers.
         comps = {"codes": codes if b == 8 else pack(codes.view(np.uint8) & np.uint8((1 << b) - 1), b)}
     else:
-        codes = _ungrouped(q, lead, length, ax, x.shape)
         z = rest[0]
         desc["codes"] = codes_entry("codes", {"type": "int", "bits": b, "signedness": "unsigned"}, rank)
         desc["zero"] = {"blocks": blocks, "tensor": "zero"}
-        comps = {"codes": codes if b == 8 else pack(codes, b), "zero": _per_group(z, lead, ng, ax).astype(np.uint8)}
+        if packed_asym:
+            cq = q.reshape(lead + (length // 2,))
+        else:
+            codes = _ungrouped(q, lead, length, ax, x.shape)
+            cq = codes if b == 8 else pack(codes, b)
+        comps = {"codes": cq, "zero": _per_group(z, lead, ng, ax).astype(np.uint8)}
     desc["scale"] = {"blocks": blocks, "op": "multiply", "tensor": "scale"}
     desc["scheme"] = "int"
     comps["scale"] = _per_group(s, lead, ng, ax).astype(np_dtype(sdt))
