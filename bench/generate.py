@@ -17,6 +17,10 @@ model.  ``QFORMAT_BENCH_THREADS=n`` sets the children's torch threads (default: 
 machine whose cores are shared with other jobs, one thread avoids OpenMP barrier stalls that
 otherwise dominate every timing.  ``QFORMAT_BENCH_VARIANTS=int4,int8`` runs only the variants
 whose names start so (bf16 always).
+
+``python -m bench.generate profile [OUT.json] [variant,...]`` (issue 45 item 6): where one
+decoding step's time goes, per module kind, and what a QLinear call costs around its kernel
+(:func:`profile_step`; one thread, thread CPU time; written to bench/results_generate_profile.json).
 """
 
 from __future__ import annotations
@@ -211,9 +215,130 @@ def bench_generate(run: Any, tmp: str) -> None:
                 run.target(f"generate {name}: 8-token prompt tokens/s vs bf16", row["prompt8_x_vs"], 1.0)
 
 
+# -- issue 45 item 6: where a one-token decoding step's time goes --------------------------------------
+def profile_step(variants: list[str], steps: int = 12, folder: str | None = None) -> list[dict[str, Any]]:
+    """One-token decoding steps of the README's model (:data:`FULL`, bf16 and each variant of
+    :data:`VARIANTS` named, quantized on load with the default ``QFormatConfig``), one torch
+    thread, timed by the thread's CPU time: the whole step without hooks, then per module kind
+    with forward hooks (``QLinear`` / ``Linear``: the matrix products, ``lm_head`` apart; norms,
+    rotary, embedding; "rest": attention, activations, residual adds, the model's Python).  Plus
+    the cost of one ``QLinear`` call around its kernel on a tiny layer (the Python qformat adds
+    per matrix product).  Medians over ``steps`` (the first two of the hooked ones dropped)."""
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import qformat_torch as qt
+    from qformat.transformers import QFormatConfig
+
+    torch.set_num_threads(1)
+    clk = time.thread_time
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        src = folder or os.path.join(tmp, "bf16")
+        if not os.path.exists(os.path.join(src, "config.json")):
+            build(FULL).save_pretrained(src)
+        for v in ["bf16", *variants]:
+            kw = {} if v == "bf16" else {"quantization_config": QFormatConfig(scheme=VARIANTS[v][0], **VARIANTS[v][1])}
+            m = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, **kw).eval()
+            acc: dict[str, float] = {}
+            starts: dict[int, float] = {}
+
+            def pre(mod: Any, inp: Any) -> None:
+                starts[id(mod)] = clk()
+
+            def post(mod: Any, inp: Any, out: Any) -> None:
+                k = "lm_head" if getattr(mod, "out_features", 0) == FULL["vocab_size"] else type(mod).__name__
+                acc[k] = acc.get(k, 0.0) + clk() - starts[id(mod)]
+
+            leaf = [mod for mod in m.modules() if isinstance(mod, (qt.QLinear, torch.nn.Linear, torch.nn.Embedding))
+                    or type(mod).__name__.endswith(("RMSNorm", "RotaryEmbedding"))]
+            prompt = torch.randint(0, FULL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
+            with torch.inference_mode():
+                out = m(prompt, use_cache=True)
+                cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+
+                def step() -> float:
+                    nonlocal cache, tok
+                    t0 = clk()
+                    o = m(tok, past_key_values=cache, use_cache=True)
+                    t = clk() - t0
+                    cache, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
+                    return t
+
+                plain = [step() for _ in range(steps)]
+                hooks = [mod.register_forward_pre_hook(pre) for mod in leaf] + [mod.register_forward_hook(post) for mod in leaf]
+                hooked: list[tuple[float, dict[str, float]]] = []
+                for _ in range(steps):
+                    acc.clear()
+                    hooked.append((step(), dict(acc)))
+                for h in hooks:
+                    h.remove()
+            hooked = hooked[2:]
+            parts = {k: statistics.median(a.get(k, 0.0) for _, a in hooked) * 1e3 for k in sorted({k for _, a in hooked for k in a})}
+            tot = statistics.median(t for t, _ in hooked) * 1e3
+            row = {"section": "generate profile", "name": v, "step_ms": statistics.median(plain[2:]) * 1e3, "hooked_step_ms": tot,
+                   **{f"{k}_ms": x for k, x in parts.items()}, "rest_ms": tot - sum(parts.values()),
+                   "clock": "thread CPU time, 1 torch thread"}
+            rows.append(row)
+            print(f"  {v:<20} step {row['step_ms']:7.2f} ms; hooked {tot:7.2f} ms: "
+                  + ", ".join(f"{k} {x:.2f}" for k, x in parts.items()) + f", rest {row['rest_ms']:.2f}", flush=True)
+            del m
+    rows.append(_qlinear_overhead())
+    base = rows[0]["step_ms"]
+    for r in rows[1:-1]:
+        r["x_bf16_step"] = base / r["step_ms"]
+    return rows
+
+
+def _qlinear_overhead(reps: int = 2000) -> dict[str, Any]:
+    """Microseconds per call (thread CPU time) on a 64 x 256 int4 g32 layer, one bfloat16 row:
+    QLinear's forward, its prepared kernel call, qformat.kernels.matmul, the C entry point alone,
+    and torch's bf16 F.linear on the same shape for scale."""
+    import ml_dtypes
+    import numpy as np
+    import torch
+
+    import qformat
+    from qformat import kernels as qk
+    from qformat_torch.nn import QLinear
+
+    w = (np.random.default_rng(0).standard_normal((64, 256)) * 0.02).astype(ml_dtypes.bfloat16)
+    ql = QLinear(qformat.quantize(w, "int", bits=4, group_size=32))
+    x = torch.randn(1, 1, 256).to(torch.bfloat16)
+    wt = torch.from_numpy(w.view(np.uint16)).view(torch.bfloat16)
+
+    def us(fn: Any) -> float:
+        fn()
+        ts = []
+        for _ in range(5):
+            t0 = time.thread_time()
+            for _ in range(reps):
+                fn()
+            ts.append((time.thread_time() - t0) / reps * 1e6)
+        return statistics.median(ts)
+
+    with torch.inference_mode():
+        ql(x)
+        p = ql._native
+        a = p.meta["args"]
+        xf = x.reshape(1, 256).float().numpy()
+        out = np.empty((1, 64), np.float32)
+        return {"section": "generate profile", "name": "per-call cost (us), 64x256 int4 g32, 1 row", "qlinear_forward_us": us(lambda: ql(x)),
+                "prepared_call_us": us(lambda: p(x.reshape(-1, 256))), "qk_matmul_us": us(lambda: qk.matmul(xf, *a, out, threads=1)),
+                "torch_bf16_linear_us": us(lambda: torch.nn.functional.linear(x, wt)), "clock": "thread CPU time"}
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "child":
         child(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "profile":  # python -m bench.generate profile [OUT.json] [variant,...]
+        out_path = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).resolve().parent / "results_generate_profile.json"
+        names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["int4 g32", "int8 per channel", "nf4"]
+        res = profile_step(names)
+        print(json.dumps(res[-1]))
+        out_path.write_text(json.dumps(res, indent=1) + "\n")
     else:  # the whole section: through the harness's command line (no import of it here: no cycle)
         sys.exit(subprocess.call([sys.executable, "-m", "bench", "--only", "generate", *sys.argv[1:]],
                                  cwd=str(Path(__file__).resolve().parents[1])))

@@ -3,7 +3,7 @@ ggml's, torch's and the machine's own read bandwidth, on real layer shapes, in o
 
 ``python -m bench --only kernels_vs_ggml [--quick]``.  For each weight shape ``N x K`` (out x in
 features: SmolLM2-135M 576x1536 and 1536x576, Gemma 3 270M 640x2048 and 2048x640, 7B-sized
-4096x14336 and 14336x4096) and batch ``M`` in :data:`BATCHES` (1, 4, 512):
+4096x14336 and 14336x4096) and batch ``M`` in :data:`BATCHES` (1, 2, 4, 8, 512):
 
 - qformat: :func:`qformat.kernels.matmul` on the operands ``QLinear`` prepares for a bfloat16
   model's weight quantized with int4 g32, int8 (per channel), nf4, mxfp4, Q4_K and Q6_K (the
@@ -28,6 +28,11 @@ GB/s they were read at, ``x_bw`` (that over the streaming read's GB/s at the sam
 and ``x_ggml`` (ggml's time of the equivalent type, same shape and batch, over this row's;
 threads as each ran).  The Markdown table: :func:`markdown`.  The machine: CPU model and flags in
 the section's ``machine`` row.
+
+``python -m bench.kernels_vs_ggml batch [OUT.json]`` (issue 45 item 3): :func:`batch_vs_bf16`, the
+ratios against torch's bfloat16 ``F.linear`` alone, on one thread timed by the thread's CPU time
+(a shared, loaded machine preempts a thread; its CPU time is what the work took), the baseline
+timed again next to every qformat row, with the few-rows path switched off too (the rows_* paths).
 """
 
 from __future__ import annotations
@@ -76,7 +81,7 @@ import numpy as np  # noqa: E402
 #: (model, N out features, K in features)
 SHAPES = [("SmolLM2-135M", 576, 1536), ("SmolLM2-135M", 1536, 576), ("Gemma 3 270M", 640, 2048), ("Gemma 3 270M", 2048, 640),
           ("7B", 4096, 14336), ("7B", 14336, 4096)]
-BATCHES = (1, 4, 512)
+BATCHES = (1, 2, 4, 8, 512)
 THREADS = (1, 2)
 #: (row name, qformat scheme, parameters, ggml type)
 SCHEMES = [("int4 g32", "int", {"bits": 4, "group_size": 32}, "q4_0"), ("int8", "int", {"bits": 8, "group_size": None}, "q8_0"),
@@ -317,3 +322,93 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['model']} {r['shape']} | {r['batch']} | {r['threads']} | {r['name']} | {r['ms']:.3f} | {r['weight_MB']:.1f} | "
                      f"{r['GBps']:.1f} | {r['x_bw']:.2f} | {xg} |")
     return "\n".join(lines)
+
+
+# -- issue 45 item 3: batch 2-8 and 512 against torch bf16, one thread, CPU time -----------------------
+BATCH_SHAPES = [("7B", 4096, 14336), ("7B", 14336, 4096)]
+BATCH_SCHEMES = ["int4 g32", "nf4", "mxfp4", "int8", "Q4_K"]
+
+
+def batch_vs_bf16(batches: tuple[int, ...] = (1, 2, 4, 8, 512), schemes: list[str] | None = None, reps: int = 5,
+                  shapes: list[tuple[str, int, int]] | None = None) -> list[dict[str, Any]]:
+    """Rows of (shape, batch, scheme): qformat's kernel time (median of ``reps`` after a warm-up,
+    the thread's CPU time, one thread), GB/s of its weight operand, torch bf16's time measured
+    around it (the mean of the medians before and after) and the ratio; ``few_off_ms``: the same
+    call with the few-rows path switched off (``_matmul.few(0)``), where the batch takes it."""
+    import ml_dtypes
+    import torch
+
+    import qformat
+    from qformat import kernels as qk
+    from qformat.kernels import _matmul
+    from qformat_torch.nn import QLinear
+
+    torch.set_num_threads(1)
+    clk = time.thread_time
+
+    def med(fn: Any) -> float:
+        fn()
+        ts = []
+        for _ in range(reps):
+            t0 = clk()
+            fn()
+            ts.append(clk() - t0)
+        return statistics.median(ts)
+
+    names = {s[0]: s for s in SCHEMES}
+    rng = np.random.default_rng(45)
+    rows: list[dict[str, Any]] = []
+    for model, n, k in shapes or BATCH_SHAPES:
+        w = (rng.standard_normal((n, k), np.float32) * 0.02).astype(ml_dtypes.bfloat16)
+        wt = torch.from_numpy(w.view(np.uint16)).view(torch.bfloat16)
+        preps = {}
+        for name in schemes or BATCH_SCHEMES:
+            _, scheme, kw, _ = names[name]
+            p = QLinear(qformat.quantize(w, scheme, **kw), kernel="native")._native
+            t = p.tensors
+            arr = lambda nm: t[nm].numpy() if nm in t else None  # noqa: E731
+            args = (t["codes"].numpy(), p.meta["kind"], t["table"].numpy(), p.meta["group"], arr("zero"), arr("scale"), arr("bias"))
+            preps[name] = (args, sum(int(a.nbytes) for a in (args[0], args[4], args[5], args[6]) if a is not None),
+                           bool(p.meta.get("bf16_normal")), f"{p.meta['kind']}, g{p.meta['group']}")
+        for m in batches:
+            x = rng.standard_normal((m, k), np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+            xt = torch.from_numpy(x).to(torch.bfloat16)
+            with torch.inference_mode():
+                bf_before = med(lambda: torch.nn.functional.linear(xt, wt))
+            for name, (args, wbytes, bf, desc) in preps.items():
+                out = np.empty((m, n), np.float32)
+                call = lambda: qk.matmul(x, *args, out, threads=1, bf16=bf)  # noqa: E731
+                tq = med(call)
+                off = None
+                if 2 <= m <= 4:  # the few-rows path's batches (FEWMAX in _matmul.c)
+                    _matmul.few(0)
+                    try:
+                        off = med(call)
+                    finally:
+                        _matmul.few(1)
+                with torch.inference_mode():
+                    bf_after = med(lambda: torch.nn.functional.linear(xt, wt))
+                tb = (bf_before + bf_after) / 2
+                bf_before = bf_after
+                r = {"section": SECTION + " batch", "shape": f"{n}x{k}", "model": model, "batch": m, "threads": 1,
+                     "name": f"qformat {name} ({desc})", "ms": tq * 1e3, "GBps": wbytes / tq / 1e9, "weight_MB": wbytes / 1e6,
+                     "bf16_ms": tb * 1e3, "bf16_GBps": wt.numel() * 2 / tb / 1e9, "x_bf16": tb / tq, "clock": "thread CPU time"}
+                if off is not None:
+                    r["few_off_ms"] = off * 1e3
+                    r["few_off_x_bf16"] = tb / off
+                rows.append(r)
+                print(f"  {r['shape']:>11} M={m:<4} {name:<9} {r['ms']:9.3f} ms {r['GBps']:6.2f} GB/s  torch bf16 {r['bf16_ms']:9.3f} ms  "
+                      f"x{r['x_bf16']:5.2f}" + (f"  (few off {r['few_off_ms']:8.3f} ms x{r['few_off_x_bf16']:5.2f})" if off else ""), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) > 1 and sys.argv[1] == "batch":
+        out = Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "bench" / "results_batch_avx512.json"
+        res = batch_vs_bf16()
+        out.write_text(json.dumps({"machine": machine(), "rows": res}, indent=1) + "\n")
+        print(f"wrote {out}")
+    else:
+        sys.exit("usage: python -m bench.kernels_vs_ggml batch [OUT.json]  (the section itself: python -m bench --only kernels_vs_ggml)")

@@ -24,8 +24,10 @@
  * before the GIL is released.  Dispatch: AVX-512 (F, BW, VL, DQ) where the CPU has it and the
  * shapes allow (groups of a multiple of 16 columns), with AVX512_VBMI byte planes for byte codes
  * whose values are bfloat16 values, and for several rows of bfloat16 x (the caller's bf16x)
- * AMX tiles or AVX512_BF16 dot products; else AVX2+FMA+F16C where the CPU has them, else the
- * portable scalar loop.
+ * AMX tiles or AVX512_BF16 dot products; 2 to FEWMAX rows of x take the few-rows path (each
+ * weight formed in registers once for all rows, few_f32 / few_bf) and bfloat16 x of more than
+ * 1 MiB (L2) without AMX the column-chunked tiles (blk_bf); else AVX2+FMA+F16C where the CPU has
+ * them, else the portable scalar loop.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,7 +50,11 @@ enum { K_NIB4 = 0, K_I8 = 1, K_U8 = 2, K_E4M3 = 3, K_E5M2 = 4, K_LUT8 = 5 };
 enum { LVL_GENERIC = 0, LVL_AVX2 = 1, LVL_AVX512 = 2 };
 static int g_amx_off = 0; /* the AMX path switched off (py_amx), with the GIL held */
 static int g_planes_off = 0; /* the VBMI byte-plane path switched off (py_planes), with the GIL held */
+static int g_few_off = 0; /* the few-rows path (2 to FEWMAX rows of x) switched off (py_few), with the GIL held */
 #define MAXG 4096 /* largest group the scalar path's per-group weight buffer holds */
+/* most rows of x the few-rows path takes: at 8 rows (2 weight rows in lockstep) it measured no faster
+ * than rows_bf16 for int4 g32 and slower for Q4_K (issue 45 notes), at 2 and 4 rows 1.3-1.7x faster */
+#define FEWMAX 4
 
 typedef struct {
     const float *x;      /* [M, K] */
@@ -799,6 +805,301 @@ TGTBF static void rows_bf16(const mm_job *j, const uint16_t *x, uint16_t *wrow) 
     }
 }
 
+/* ---- a few rows of x (2 <= M <= FEWMAX, issue 45): each weight formed once, in registers, and applied
+ * to every row of x ----
+ * rows_avx512 / rows_bf16 store four formed weight rows (K values each, in L2 for a 14336-column
+ * layer) and read them back for every 4 rows of x, and stream all of x (M K values) from L2 per 4
+ * weight rows: at 2 to 8 rows that took about as long as torch's bfloat16 matmul, which reads 3.5x
+ * the bytes.  Here RW = 4 weight rows at a time (RW x M accumulators in registers) have each 32
+ * weights formed in registers (the same steps: folded 16-entry tables for 4-bit codes,
+ * byte_weights16, or the VBMI byte planes) and multiplied at once into every row's
+ * accumulators, nothing stored; each x load serves RW weight rows.  x is read in chunks of kc
+ * columns (all M rows in FEW_XBYTES, in L1) for FEW_R weight rows in turn, the partial sums kept
+ * per (weight row, x row) between chunks, so x comes from L2 once per FEW_R weight rows.  Binary32
+ * x: FMAs; bfloat16 x (the bf16x conditions of rows_bf16): the 32 weights rounded to bfloat16 by
+ * vcvtne2ps2bf16 (round to nearest even, as cvtneps_pbh; lo's 16 before hi's, so x is x_bf16's
+ * plain conversion) and one vdpbf16ps per row of x.  Every weight is the one the other paths form;
+ * only the sums' order differs (the same error bound). */
+#define FEW_R 16
+/* full unrolling of the loops over RW and NM before scalar replacement: without it GCC kept the
+ * accumulators in a stack array, storing all of them every 32 columns */
+#define FEW_UNROLL _Pragma("GCC unroll 16")
+#ifndef FEW_XBYTES
+#define FEW_XBYTES 16384
+#endif
+
+/* Columns per chunk: all M rows of x in FEW_XBYTES, a multiple of 64 (the planes' step), at least 64. */
+static inline Py_ssize_t few_chunk(Py_ssize_t K, int M, int esize) {
+    Py_ssize_t kc = FEW_XBYTES / ((Py_ssize_t)M * esize) / 64 * 64;
+    if (kc < 64) kc = 64;
+    return kc < K ? kc : K;
+}
+
+/* The RW rows' weights in columns [k0, k1) (multiples of 32), 32 at a time, handed to
+ * PAIR(k, lo, hi): lo[r] the 16 weights of row r's columns k.., hi[r] those of k + 16.. (in
+ * permute_eo's order for 4-bit codes).  g % 16 == 0. */
+#define FEW_FORM512(PAIR)                                                                                                      \
+    do {                                                                                                                       \
+        Py_ssize_t k_;                                                                                                         \
+        int r_;                                                                                                                \
+        __m512 lo_[4], hi_[4];                                                                                                 \
+        if (kind == K_NIB4 && g % 32 == 0) {                                                                                   \
+            const Py_ssize_t gp_ = g / 32;                                                                                     \
+            Py_ssize_t q_ = k0 / g, c_ = (k0 % g) / 32;                                                                        \
+            __m512 t_[4];                                                                                                      \
+            FEW_UNROLL for (r_ = 0; r_ < RW; r_++) t_[r_] = fold16(tab, hz, zr[r_] + q_, hs, sr[r_] + q_, hb, br[r_] + q_);               \
+            for (k_ = k0; k_ < k1; k_ += 32) {                                                                                 \
+                if (c_ == gp_) {                                                                                               \
+                    c_ = 0, q_++;                                                                                              \
+                    FEW_UNROLL for (r_ = 0; r_ < RW; r_++) t_[r_] = fold16(tab, hz, zr[r_] + q_, hs, sr[r_] + q_, hb, br[r_] + q_);       \
+                }                                                                                                              \
+                c_++;                                                                                                          \
+                FEW_UNROLL for (r_ = 0; r_ < RW; r_++) {                                                                                  \
+                    const __m512i cc_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(wr[r_] + k_ / 2)));             \
+                    lo_[r_] = _mm512_permutexvar_ps(cc_, t_[r_]);                                                              \
+                    hi_[r_] = _mm512_permutexvar_ps(_mm512_srli_epi32(cc_, 4), t_[r_]);                                        \
+                }                                                                                                              \
+                PAIR(k_, lo_, hi_);                                                                                            \
+            }                                                                                                                  \
+        } else { /* the two halves of 32 columns in groups qa_ and qb_ (the same one unless g % 32 == 16) */                 \
+            const __m512i sel_ = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);                     \
+            const Py_ssize_t hpg_ = g / 16;                                                                                    \
+            Py_ssize_t qa_ = k0 / g, ca_ = (k0 % g) / 16, qb_;                                                                 \
+            for (k_ = k0; k_ < k1; k_ += 32) {                                                                                 \
+                if (++ca_ == hpg_) ca_ = 0, qb_ = qa_ + 1; else qb_ = qa_;                                                     \
+                FEW_UNROLL for (r_ = 0; r_ < RW; r_++) {                                                                                  \
+                    if (kind == K_NIB4) {                                                                                      \
+                        const __m512 ta_ = fold16(tab, hz, zr[r_] + qa_, hs, sr[r_] + qa_, hb, br[r_] + qa_);                  \
+                        const __m512 tb_ = fold16(tab, hz, zr[r_] + qb_, hs, sr[r_] + qb_, hb, br[r_] + qb_);                  \
+                        const __m512i cc_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(wr[r_] + k_ / 2)));         \
+                        lo_[r_] = _mm512_permutex2var_ps(ta_, _mm512_ternarylogic_epi32(cc_, _mm512_set1_epi32(15), sel_, 0xEA), tb_); \
+                        hi_[r_] = _mm512_permutex2var_ps(ta_, _mm512_or_si512(_mm512_srli_epi32(cc_, 4), sel_), tb_);          \
+                    } else {                                                                                                   \
+                        lo_[r_] = byte_weights16(wr[r_] + k_, kind, j->table, hz, zr[r_] + qa_, hs, sr[r_] + qa_, hb, br[r_] + qa_); \
+                        hi_[r_] = byte_weights16(wr[r_] + k_ + 16, kind, j->table, hz, zr[r_] + qb_, hs, sr[r_] + qb_, hb, br[r_] + qb_); \
+                    }                                                                                                          \
+                }                                                                                                              \
+                if (++ca_ == hpg_) ca_ = 0, qa_ = qb_ + 1; else qa_ = qb_;                                                     \
+                PAIR(k_, lo_, hi_);                                                                                            \
+            }                                                                                                                  \
+        }                                                                                                                      \
+    } while (0)
+
+/* The same from the VBMI byte planes (k0, k1 multiples of 64; permute_q64's order). */
+#define FEW_FORMVB(PAIR)                                                                                                       \
+    do {                                                                                                                       \
+        Py_ssize_t k_;                                                                                                         \
+        int i_, r_;                                                                                                            \
+        for (k_ = k0; k_ < k1; k_ += 64) {                                                                                     \
+            __m512 v_[4][4], lo_[4], hi_[4];                                                                                   \
+            FEW_UNROLL for (r_ = 0; r_ < RW; r_++) {                                                                                      \
+                planes64(wr[r_] + k_, pl, v_[r_]);                                                                             \
+                if (hz) { const __m512 p_ = pvec(zr[r_], k_, g); FEW_UNROLL for (i_ = 0; i_ < 4; i_++) v_[r_][i_] = _mm512_sub_ps(v_[r_][i_], p_); } \
+                if (hs) { const __m512 p_ = pvec(sr[r_], k_, g); FEW_UNROLL for (i_ = 0; i_ < 4; i_++) v_[r_][i_] = _mm512_mul_ps(v_[r_][i_], p_); } \
+                if (hb) { const __m512 p_ = pvec(br[r_], k_, g); FEW_UNROLL for (i_ = 0; i_ < 4; i_++) v_[r_][i_] = _mm512_add_ps(v_[r_][i_], p_); } \
+                lo_[r_] = v_[r_][0], hi_[r_] = v_[r_][1];                                                                      \
+            }                                                                                                                  \
+            PAIR(k_, lo_, hi_);                                                                                                \
+            FEW_UNROLL for (r_ = 0; r_ < RW; r_++) lo_[r_] = v_[r_][2], hi_[r_] = v_[r_][3];                                              \
+            PAIR(k_ + 32, lo_, hi_);                                                                                           \
+        }                                                                                                                      \
+    } while (0)
+
+/* binary32 x (x + m K: row m, in the weights' order): each x load serves the RW weight rows */
+#define FEW_PAIR_F32(k, lo, hi)                                                                       \
+    do {                                                                                              \
+        int m_, s_;                                                                                   \
+        FEW_UNROLL for (m_ = 0; m_ < NM; m_++) {                                                                 \
+            const __m512 xl_ = _mm512_loadu_ps(x + m_ * K + (k)), xh_ = _mm512_loadu_ps(x + m_ * K + (k) + 16); \
+            FEW_UNROLL for (s_ = 0; s_ < RW; s_++) a[s_][m_] = _mm512_fmadd_ps(hi[s_], xh_, _mm512_fmadd_ps(lo[s_], xl_, a[s_][m_])); \
+        }                                                                                             \
+    } while (0)
+/* bfloat16 x (x_bf16's layout): the 32 weights of each row rounded to bfloat16, one vdpbf16ps per
+ * (weight row, row of x) */
+#define FEW_PAIR_BF(k, lo, hi)                                                                        \
+    do {                                                                                              \
+        __m512bh p_[4];                                                                               \
+        int m_, s_;                                                                                   \
+        FEW_UNROLL for (s_ = 0; s_ < RW; s_++) p_[s_] = _mm512_cvtne2ps_pbh(hi[s_], lo[s_]);                     \
+        FEW_UNROLL for (m_ = 0; m_ < NM; m_++) {                                                                 \
+            const __m512bh xv_ = (__m512bh)_mm512_loadu_si512(x + m_ * K + (k));                      \
+            FEW_UNROLL for (s_ = 0; s_ < RW; s_++) a[s_][m_] = _mm512_dpbf16_ps(a[s_][m_], xv_, p_[s_]);        \
+        }                                                                                             \
+    } while (0)
+
+/* The kernel's body: FEW_R weight rows at a time, x in chunks of kc columns, RW weight rows in
+ * lockstep (rows past the share repeat its last row; their sums are not stored). */
+#define FEW_KERNEL(NAME, TARGET, XT, FORM, PAIR, SETUP)                                                                       \
+    TARGET static inline __attribute__((always_inline)) void NAME##_body(const mm_job *j, const XT *x, const int kind, const int NM, \
+                                                                         const int RW) {                                       \
+        const Py_ssize_t K = j->K, G = K / j->g, g = j->g, N = j->N;                                                           \
+        const int hz = j->z != NULL, hs = j->s != NULL, hb = j->b != NULL;                                                     \
+        const Py_ssize_t rowbytes = kind == K_NIB4 ? K / 2 : K, kc = few_chunk(K, NM, (int)sizeof(XT));                       \
+        __m512 acc[FEW_R][FEWMAX];                                                                                             \
+        Py_ssize_t nb, k0, k1, r, o;                                                                                           \
+        int m, s;                                                                                                              \
+        SETUP;                                                                                                                 \
+        for (nb = j->n0; nb < j->n1; nb += FEW_R) {                                                                            \
+            const Py_ssize_t nr = j->n1 - nb < FEW_R ? j->n1 - nb : FEW_R;                                                     \
+            for (k0 = 0; k0 < K; k0 += kc) {                                                                                   \
+                k1 = k0 + kc < K ? k0 + kc : K;                                                                                \
+                for (r = 0; r < nr; r += RW) {                                                                                 \
+                    __m512 a[4][FEWMAX];                                                                                       \
+                    const uint8_t *wr[4];                                                                                      \
+                    const float *zr[4], *sr[4], *br[4];                                                                        \
+                    FEW_UNROLL for (s = 0; s < RW; s++) {                                                                                 \
+                        const Py_ssize_t n = nb + (r + s < nr ? r + s : nr - 1);                                               \
+                        wr[s] = j->w + n * rowbytes;                                                                           \
+                        zr[s] = hz ? j->z + n * G : NULL, sr[s] = hs ? j->s + n * G : NULL, br[s] = hb ? j->b + n * G : NULL;  \
+                        /* the same chunk of the next block's row, into L2 (rows past n1 not touched) */                       \
+                        if (r + s < nr && n + FEW_R < j->n1)                                                                   \
+                            for (o = k0 * rowbytes / K; o < k1 * rowbytes / K; o += 64)                                        \
+                                __builtin_prefetch(j->w + (n + FEW_R) * rowbytes + o, 0, QF_PF_LOCALITY);                      \
+                        FEW_UNROLL for (m = 0; m < NM; m++) a[s][m] = k0 ? acc[r + s][m] : _mm512_setzero_ps();                           \
+                    }                                                                                                          \
+                    FORM(PAIR);                                                                                                \
+                    FEW_UNROLL for (s = 0; s < RW; s++)                                                                                   \
+                        FEW_UNROLL for (m = 0; m < NM; m++) acc[r + s][m] = a[s][m];                                                      \
+                }                                                                                                              \
+            }                                                                                                                  \
+            for (r = 0; r < nr; r++)                                                                                           \
+                FEW_UNROLL for (m = 0; m < NM; m++) j->y[m * N + nb + r] = _mm512_reduce_add_ps(acc[r][m]);                               \
+        }                                                                                                                      \
+    }
+
+#define FEW_SETUP512 const __m512 tab = kind == K_NIB4 ? _mm512_loadu_ps(j->table) : _mm512_setzero_ps()
+#define FEW_SETUPVB                \
+    __m512i pl[8];                 \
+    load_planes(j->planes, pl)
+FEW_KERNEL(few_f32, TGT512, float, FEW_FORM512, FEW_PAIR_F32, FEW_SETUP512)
+FEW_KERNEL(few_f32vb, TGTVB, float, FEW_FORMVB, FEW_PAIR_F32, FEW_SETUPVB)
+FEW_KERNEL(few_bf, TGTBF, uint16_t, FEW_FORM512, FEW_PAIR_BF, FEW_SETUP512)
+FEW_KERNEL(few_bfvb, TGTVBBF, uint16_t, FEW_FORMVB, FEW_PAIR_BF, FEW_SETUPVB)
+
+/* BODY(j, x, kind, NM, RW) with the rows of x (NM) and the weight rows in lockstep (RW: RW x NM
+ * accumulators of at most 16, FEW_R a multiple of RW) as constants.  (NM = 8 with RW = 2 measured
+ * 1.0-1.4x torch bfloat16 where rows_bf16 measured 1.3-1.6x: FEWMAX.) */
+#define FEW_ROWS(BODY, KIND)                                \
+    switch (j->M) {                                         \
+    case 2: BODY(j, x, KIND, 2, 4); break;                  \
+    case 3: BODY(j, x, KIND, 3, 4); break;                  \
+    default: BODY(j, x, KIND, 4, 4); break;                 \
+    }
+#define FEW_KINDS(BODY)                                     \
+    switch (j->kind) {                                      \
+    case K_NIB4: FEW_ROWS(BODY, K_NIB4) break;              \
+    case K_I8: FEW_ROWS(BODY, K_I8) break;                  \
+    case K_U8: FEW_ROWS(BODY, K_U8) break;                  \
+    case K_E4M3: FEW_ROWS(BODY, K_E4M3) break;              \
+    case K_E5M2: FEW_ROWS(BODY, K_E5M2) break;              \
+    default: FEW_ROWS(BODY, K_LUT8) break;                  \
+    }
+TGT512 static void few_f32(const mm_job *j, const float *x) { FEW_KINDS(few_f32_body); }
+TGTVB static void few_f32vb(const mm_job *j, const float *x) { FEW_ROWS(few_f32vb_body, K_LUT8); }
+TGTBF static void few_bf(const mm_job *j, const uint16_t *x) { FEW_KINDS(few_bf_body); }
+TGTVBBF static void few_bfvb(const mm_job *j, const uint16_t *x) { FEW_ROWS(few_bfvb_body, K_LUT8); }
+
+/* ---- many rows of bfloat16 x (more than BLK_MIN_XBYTES of x): rows_bf16 in chunks of BLK_KC columns ----
+ * rows_bf16 forms 4 whole weight rows and then streams all of x (M K bfloat16 values: 14.7 MB at
+ * 512 rows of a 14336-column layer) past them, from L3 or memory, once per 4 weight rows: at 512
+ * rows that measured 2.6x torch's bfloat16 matmul on 4096 x 14336 against 1.25x on 14336 x 4096
+ * (issue 45).  Here the columns go in chunks of BLK_KC: 4 weight rows' chunk formed (FEW_FORM512's
+ * steps, rounded to bfloat16 as rows_bf16 rounds them) into a 4 KB tile, multiplied by every row
+ * of x's chunk (M BLK_KC values, 512 KB at 512 rows: in L2 for the whole share), each chunk's sums
+ * added to y's.  No whole decoded copy: one 4 x BLK_KC tile per thread. */
+#define BLK_KC 512
+/* x's bytes above which the chunked path runs (past the few-rows path): a smaller x stays in L2
+ * for rows_bf16, which measured faster there (8 rows of a 14336-column layer, 229 KB: 1.25x
+ * torch bf16 chunked, 1.58x on rows_bf16; one thread, thread CPU time) */
+#ifndef BLK_MIN_XBYTES
+#define BLK_MIN_XBYTES ((size_t)1 << 20)
+#endif
+
+/* y[m0 + i, n + c] (+)= the chunk's products, i < NM rows of x, c < nr of the tile's 4 rows. */
+TGTBF static inline __attribute__((always_inline)) void mul4c_bf16(const mm_job *j, const uint16_t *x, const uint16_t *w, Py_ssize_t m0,
+                                                                   Py_ssize_t n, const int NM, Py_ssize_t k0, Py_ssize_t k1, int nr) {
+    const Py_ssize_t K = j->K, N = j->N;
+    __m512 a[4][4];
+    Py_ssize_t k;
+    int i, c;
+    for (i = 0; i < NM; i++)
+        for (c = 0; c < 4; c++) a[i][c] = _mm512_setzero_ps();
+    for (k = k0; k < k1; k += 32) {
+        const uint16_t *wk = w + (k - k0);
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wk), w1 = (__m512bh)_mm512_loadu_si512(wk + BLK_KC);
+        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(wk + 2 * BLK_KC), w3 = (__m512bh)_mm512_loadu_si512(wk + 3 * BLK_KC);
+        for (i = 0; i < NM; i++) {
+            const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (m0 + i) * K + k);
+            a[i][0] = _mm512_dpbf16_ps(a[i][0], xv, w0);
+            a[i][1] = _mm512_dpbf16_ps(a[i][1], xv, w1);
+            a[i][2] = _mm512_dpbf16_ps(a[i][2], xv, w2);
+            a[i][3] = _mm512_dpbf16_ps(a[i][3], xv, w3);
+        }
+    }
+    for (i = 0; i < NM; i++) /* (four sums at once by unpacks measured 8-25% slower here) */
+        for (c = 0; c < nr; c++) {
+            float *d = j->y + (m0 + i) * N + n + c;
+            const float v = _mm512_reduce_add_ps(a[i][c]);
+            *d = k0 ? *d + v : v;
+        }
+}
+
+/* the tile: row s's chunk at wb + s BLK_KC, 32 columns per pair */
+#define BLK_PAIR_STORE(k, lo, hi)                                                                                       \
+    do {                                                                                                                \
+        int s_;                                                                                                         \
+        FEW_UNROLL for (s_ = 0; s_ < RW; s_++)                                                                          \
+            _mm512_storeu_si512((void *)(wb + s_ * BLK_KC + (k) - k0), (__m512i)_mm512_cvtne2ps_pbh(hi[s_], lo[s_]));   \
+    } while (0)
+
+#define BLK_KERNEL(NAME, TARGET, FORM, SETUP)                                                                           \
+    TARGET static inline __attribute__((always_inline)) void NAME##_body(const mm_job *j, const uint16_t *x, const int kind) { \
+        const Py_ssize_t K = j->K, G = K / j->g, g = j->g, M = j->M;                                                    \
+        const int hz = j->z != NULL, hs = j->s != NULL, hb = j->b != NULL, RW = 4;                                      \
+        const Py_ssize_t rowbytes = kind == K_NIB4 ? K / 2 : K;                                                         \
+        uint16_t wb[4 * BLK_KC] __attribute__((aligned(64)));                                                           \
+        Py_ssize_t k0, k1, nb, m, o;                                                                                    \
+        int s;                                                                                                          \
+        SETUP;                                                                                                          \
+        for (k0 = 0; k0 < K; k0 += BLK_KC) {                                                                            \
+            k1 = k0 + BLK_KC < K ? k0 + BLK_KC : K;                                                                     \
+            for (nb = j->n0; nb < j->n1; nb += 4) {                                                                     \
+                const int nr = j->n1 - nb < 4 ? (int)(j->n1 - nb) : 4;                                                  \
+                const uint8_t *wr[4];                                                                                   \
+                const float *zr[4], *sr[4], *br[4];                                                                     \
+                FEW_UNROLL for (s = 0; s < 4; s++) {                                                                    \
+                    const Py_ssize_t n = nb + (s < nr ? s : nr - 1);                                                    \
+                    wr[s] = j->w + n * rowbytes;                                                                        \
+                    zr[s] = hz ? j->z + n * G : NULL, sr[s] = hs ? j->s + n * G : NULL, br[s] = hb ? j->b + n * G : NULL; \
+                    if (n + 4 < j->n1) /* the next tile's codes, into L2 */                                            \
+                        for (o = k0 * rowbytes / K; o < k1 * rowbytes / K; o += 64)                                     \
+                            __builtin_prefetch(j->w + (n + 4) * rowbytes + o, 0, QF_PF_LOCALITY);                       \
+                }                                                                                                       \
+                FORM(BLK_PAIR_STORE);                                                                                   \
+                for (m = 0; m + 3 < M; m += 4) mul4c_bf16(j, x, wb, m, nb, 4, k0, k1, nr);                              \
+                switch (M - m) {                                                                                        \
+                case 3: mul4c_bf16(j, x, wb, m, nb, 3, k0, k1, nr); break;                                              \
+                case 2: mul4c_bf16(j, x, wb, m, nb, 2, k0, k1, nr); break;                                              \
+                case 1: mul4c_bf16(j, x, wb, m, nb, 1, k0, k1, nr); break;                                              \
+                default: break;                                                                                         \
+                }                                                                                                       \
+            }                                                                                                           \
+        }                                                                                                               \
+    }
+BLK_KERNEL(blk_bf, TGTBF, FEW_FORM512, FEW_SETUP512)
+BLK_KERNEL(blk_bfvb, TGTVBBF, FEW_FORMVB, FEW_SETUPVB)
+TGTBF static void blk_bf(const mm_job *j, const uint16_t *x) {
+    switch (j->kind) {
+    case K_NIB4: blk_bf_body(j, x, K_NIB4); break;
+    case K_I8: blk_bf_body(j, x, K_I8); break;
+    case K_U8: blk_bf_body(j, x, K_U8); break;
+    case K_E4M3: blk_bf_body(j, x, K_E4M3); break;
+    case K_E5M2: blk_bf_body(j, x, K_E5M2); break;
+    default: blk_bf_body(j, x, K_LUT8); break;
+    }
+}
+TGTVBBF static void blk_bfvb(const mm_job *j, const uint16_t *x) { blk_bfvb_body(j, x, K_LUT8); }
+
 static int cpu_bf16(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16");
@@ -953,7 +1254,7 @@ typedef struct {
     const uint16_t *xb;
     char *scratch; /* wsz bytes per share */
     size_t wsz;
-    int usebf, use512, use_row1, use_rows, nt, gomp;
+    int usebf, use512, use_row1, use_rows, use_few, nt, gomp;
     Py_ssize_t step;
 } mm_call;
 static int g_gomp_off = 0; /* the OpenMP route switched off (py_threading), with the GIL held */
@@ -965,8 +1266,20 @@ static void run_share(const mm_call *c, int i) {
     j.n1 = j.n0 + c->step < c->base.n1 ? j.n0 + c->step : c->base.n1;
     if (j.n0 >= j.n1) return;
 #if QF_X86
-    if (c->usebf == 2)
+    if (c->use_few && c->usebf && j.planes)
+        few_bfvb(&j, c->xb);
+    else if (c->use_few && c->usebf)
+        few_bf(&j, c->xb);
+    else if (c->use_few && j.planes)
+        few_f32vb(&j, c->xp);
+    else if (c->use_few)
+        few_f32(&j, c->xp ? c->xp : j.x);
+    else if (c->usebf == 2)
         rows_amx(&j, c->xb, (uint16_t *)wrow);
+    else if (c->usebf && (size_t)j.M * (size_t)j.K * 2 > BLK_MIN_XBYTES && j.planes)
+        blk_bfvb(&j, c->xb);
+    else if (c->usebf && (size_t)j.M * (size_t)j.K * 2 > BLK_MIN_XBYTES)
+        blk_bf(&j, c->xb);
     else if (c->usebf)
         rows_bf16(&j, c->xb, (uint16_t *)wrow);
     else if (c->use512 && c->use_row1 && j.planes)
@@ -1169,7 +1482,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     Py_buffer bx = {0}, bw = {0}, bt = {0}, by = {0}, bp[3];
     PyObject *po[3];
     Py_ssize_t M, K, N, g, n0, n1;
-    int kind, level, i, np_ = 0, use_row1, use_rows, use512, bf16x = 0, usebf = 0, threads = 1;
+    int kind, level, i, np_ = 0, use_row1, use_rows, use512, use_few, bf16x = 0, usebf = 0, threads = 1;
     mm_call call;
     float *xp = NULL, *wrow = NULL;
     uint16_t *xb = NULL;
@@ -1225,6 +1538,8 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     if (level == LVL_AVX512 && !use512) level = LVL_AVX2;
     use_row1 = level >= LVL_AVX2 && M == 1 && (kind != K_NIB4 || (g % 16 == 0 && K % 32 == 0));
     use_rows = level >= LVL_AVX2 && !use_row1;
+    /* 2 to FEWMAX rows of x at the AVX-512 level: each weight formed once for all rows (few_f32 / few_bf) */
+    use_few = use512 && M >= 2 && M <= FEWMAX && K % 32 == 0 && !g_few_off;
     /* shares: whole 16 columns (cache lines of y), at least 64 columns each */
     if (threads < 1) threads = 1;
     if (threads > MAXT) threads = MAXT;
@@ -1235,8 +1550,8 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     if (call.nt < 1) call.nt = 1;
     /* per share: 16 bfloat16 weight rows (AMX) or 4 binary32 ones, whichever is larger, rounded to
      * a cache line */
-    call.wsz = use_rows ? ((size_t)K * 32 + 63) / 64 * 64 : 0;
-    if (use_rows) {
+    call.wsz = use_rows && !use_few ? ((size_t)K * 32 + 63) / 64 * 64 : 0;
+    if (call.wsz) {
         wrow = (float *)PyMem_RawMalloc(call.wsz * (size_t)call.nt + 64);
         if (!wrow) {
             PyErr_NoMemory();
@@ -1270,7 +1585,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     /* bfloat16 dot products: several rows of bfloat16 x (the caller's bf16x: x holds bfloat16
      * values and the weights are proved in bfloat16's normal range), none subnormal */
     if (use512 && use_rows && bf16x && K % 32 == 0 && cpu_bf16()) {
-        const int amx = !g_amx_off && amx_usable();
+        const int amx = !use_few && !g_amx_off && amx_usable();
         /* AMX: x in the tile's pair layout, in chunks of 16 rows; else plain bfloat16 rows */
         const size_t xn = amx ? (size_t)((M + 15) / 16) * 16 * (size_t)K : (size_t)M * (size_t)K;
         xb = (uint16_t *)PyMem_RawMalloc(xn * sizeof(uint16_t));
@@ -1289,7 +1604,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     call.xp = xp;
     call.xb = xb;
     call.scratch = wrow ? (char *)wrow + (64 - (uintptr_t)wrow % 64) % 64 : NULL;
-    call.usebf = usebf, call.use512 = use512, call.use_row1 = use_row1, call.use_rows = use_rows;
+    call.usebf = usebf, call.use512 = use512, call.use_row1 = use_row1, call.use_rows = use_rows, call.use_few = use_few;
     call.gomp = call.nt > 1 && gomp_usable();
     Py_BEGIN_ALLOW_THREADS
     pool_run(&call);
@@ -1344,6 +1659,17 @@ static PyObject *py_planes(PyObject *self, PyObject *args) {
 #endif
 }
 
+/* few([flag]): whether 2 to FEWMAX (4) rows of x take the few-rows path (each weight formed once for all
+ * rows) at the AVX-512 level; 0 switches it off (tests, benchmarks: the rows_* paths run), 1 back on. */
+static PyObject *py_few(PyObject *self, PyObject *args) {
+    int flag = -1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "|i", &flag)) return NULL;
+    if (flag == 0) g_few_off = 1;
+    if (flag == 1) g_few_off = 0;
+    return PyBool_FromLong(!g_few_off && cpu_level() == LVL_AVX512);
+}
+
 static PyObject *py_cpu_bf16(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -1360,6 +1686,7 @@ static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "x @ W^T with W packed (see the file's header)."},
     {"threading", py_threading, METH_VARARGS, "threading([openmp]): which threads run a call's shares (see the file)."},
     {"planes", py_planes, METH_VARARGS, "planes([flag]): whether the AVX512_VBMI byte planes run; 0 switches them off, 1 back on."},
+    {"few", py_few, METH_VARARGS, "few([flag]): whether 2 to 4 rows of x take the few-rows path; 0 switches it off, 1 back on."},
     {"amx", py_amx, METH_VARARGS, "amx([flag]): whether the AMX path runs; 0 switches it off, 1 back on."},
     {"cpu_bf16", py_cpu_bf16, METH_NOARGS, "Whether the AVX-512 level's bfloat16 dot products (AVX512_BF16) run on this CPU."},
     {"cpu_level", py_cpu_level, METH_NOARGS, "2 where the AVX-512 path runs, 1 where the AVX2+FMA+F16C one, else 0."},
