@@ -149,11 +149,14 @@ def test_matching_checkpoint_loads_clean_and_equals_the_dequantized_one(tie, fol
     assert torch.equal(model.model.embed_tokens.weight, plain.model.embed_tokens.weight)
     with torch.no_grad():
         assert torch.equal(model(IDS).logits, plain(IDS).logits)
-    # save_pretrained: transformers does not try to revert the decoding (the embedding is saved
-    # as the plain tensor it now is), and the saved checkpoint loads clean to the same logits
+    # save_pretrained keeps every tensor in the scheme it was loaded with (issue 42 item 5): the
+    # embedding, decoded on load, is written back quantized as the source held it (it decodes to
+    # the same bits), and the saved checkpoint loads clean to the same logits
     model.save_pretrained(tmp_path / "saved")
-    with qformat.safe_open(tmp_path / "saved" / "model.safetensors") as f:
-        assert not f.is_quantized("model.embed_tokens.weight") and f.is_quantized("model.layers.0.mlp.up_proj.weight")
+    with qformat.safe_open(tmp_path / "saved" / "model.safetensors") as f, qformat.safe_open(qdir / "model.safetensors") as src:
+        assert f.is_quantized("model.embed_tokens.weight") and f.is_quantized("model.layers.0.mlp.up_proj.weight")
+        saved, source = f.get_tensor("model.embed_tokens.weight"), src.get_tensor("model.embed_tokens.weight")
+        assert saved.dtype == source.dtype and saved.tobytes() == source.tobytes()
     again, info = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", output_loading_info=True)
     assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
     with torch.no_grad():
