@@ -49,7 +49,7 @@ import numpy as np
 MB = 1 << 20
 SHAPES = {"blk.0.attn_q.weight": (2048, 2048), "blk.0.attn_output.weight": (2048, 2048),
           "blk.0.ffn_up.weight": (5632, 2048), "blk.0.ffn_down.weight": (2048, 5632)}
-GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 INT_CASES = [("int4 g32 sym", {"bits": 4, "group_size": 32}), ("int4 g32 asym", {"bits": 4, "group_size": 32, "symmetric": False}),
              ("int8 g32 sym", {"bits": 8, "group_size": 32})]
 RESULTS = Path(__file__).with_name("results_encode_native.json")

@@ -703,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
                     "so a smoke run never touches the committed results)")
     ap.add_argument("--only", default="decode,kernels,libqformat,gguf,nf4,load,check,memory,scaling,checkpoint,encode",
                     help="comma-separated sections (also, not in the default run: generate, bench/generate.py; llama, bench/llama.py; "
-                         "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py; remote, bench/remote.py; "
+                         "gguf_hf, bench/gguf_hf.py; gguf_quantize, bench/gguf_quantize.py; real_models, bench/real_models.py; remote, bench/remote.py; "
                          "headers, bench/headers.py; "
                          "llama_cpp_speed, bench/llama_cpp_speed.py; kernels_vs_ggml, bench/kernels_vs_ggml.py; "
                          "multihost_jax, tp_torch, split_convert: bench/multihost_jax.py, tp_torch.py, split_convert.py, or all three as multihost)")
@@ -770,6 +770,10 @@ def main(argv: list[str] | None = None) -> int:
             from .gguf_quantize import bench_gguf_quantize
 
             bench_gguf_quantize(run, tmp, a.gguf_quantize_layers, a.gguf_quantize_presets.split(",") if a.gguf_quantize_presets else None)
+        if "real_models" in only:
+            from .real_models import bench_real_models
+
+            bench_real_models(run, tmp)
         if "remote" in only:
             from .remote import bench_remote
 

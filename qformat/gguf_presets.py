@@ -18,7 +18,8 @@ with or without an importance matrix (with one, Q4_0 and Q5_0 give the first eig
   for the Q8_0 preset or rows the type's block does not divide); 70B Llama / Qwen2 models (80
   layers) get Q5_K for an ``attn_v`` at Q3_K or Q4_K;
 - a row length the chosen type's block does not divide falls back as llama.cpp's
-  ``tensor_type_fallback`` does (Q2_K, Q3_K to Q4_0; Q4_K to Q5_0; Q5_K to Q5_1; Q6_K to Q8_0);
+  ``tensor_type_fallback`` does (Q2_K, Q3_K, TQ1_0, TQ2_0 to Q4_0; Q4_K to Q5_0; Q5_K to Q5_1;
+  Q6_K to Q8_0; IQ4_XS to IQ4_NL);
   where no 32-element type fits either, llama.cpp writes F16 and qformat keeps the tensor
   unquantized in its own dtype (noted in :attr:`Resolved.notes`).
 
@@ -38,7 +39,8 @@ from . import tables
 from .errors import error
 from .schemes.ggml_blocks import SIZES
 
-_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
+             "IQ4_XS": "IQ4_NL", "TQ1_0": "Q4_0", "TQ2_0": "Q4_0"}
 _ATTN_V = ("attn_v.weight", "attn_qkv.weight", "attn_kv_b.weight")
 #: Substrings of names llama.cpp never quantizes (tensor_allows_quantization, dense models).
 _NOT_QUANTIZED = ("_norm.weight", "ffn_gate_inp.weight", "altup", "laurel", "per_layer_model_proj", "ssm_conv1d",
@@ -89,6 +91,8 @@ def _holds(cond: str, i: int, n: int, gqa: float, has_imatrix: bool) -> bool:
         return i < n // 8
     if cond == "first_8th_imatrix":
         return has_imatrix and i < n // 8
+    if cond == "first_8th_no_imatrix":
+        return not has_imatrix and i < n // 8
     if cond == "first_16th":
         return i < n // 16
     if cond == "first_2":
@@ -111,13 +115,15 @@ class Resolved:
     types: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     needs_imatrix: list[str] = field(default_factory=list)
+    #: The same types by GGUF name (what :func:`quantized_metadata` records).
+    gguf_types: dict[str, str] = field(default_factory=dict)
 
 
 def resolve(preset: str, shapes: Mapping[str, Sequence[int]], config: Mapping[str, Any] | None,
             gguf_names: Mapping[str, str | None] | None = None, has_imatrix: bool = False) -> Resolved:
     """The types ``preset`` gives the tensors ``shapes`` (source name -> shape) of a model with
     ``config`` (config.json: ``num_hidden_layers``, ``num_attention_heads``,
-    ``num_key_value_heads``, ``model_type``).  ``gguf_names``: each source name's GGUF name
+    ``num_key_value_heads``, ``model_type``; a GGUF source's are :func:`gguf_hparams`).  ``gguf_names``: each source name's GGUF name
     (None: not in the GGUF file); by default the names are GGUF names already.
     ``has_imatrix``: an importance matrix will be applied (``--imatrix``).  Raises
     ENCODE_PARAM_INVALID for an unknown preset, or one that needs an importance matrix without one."""
@@ -153,7 +159,7 @@ def resolve(preset: str, shapes: Mapping[str, Sequence[int]], config: Mapping[st
                 t = "Q8_0"
             elif t != "Q8_0":
                 t = "Q6_K"
-        elif cat in ("attn_v", "ffn_down", "attn_output"):
+        elif cat in ("attn_v", "ffn_down", "attn_output", "token_embd"):  # token_embd: untied (TQ1_0, TQ2_0: Q4_K)
             i = counters.get(cat, 0)
             n = n_attn_v if cat == "attn_v" else n_layer
             for cond, typ in p.get(cat, []):
@@ -172,6 +178,7 @@ def resolve(preset: str, shapes: Mapping[str, Sequence[int]], config: Mapping[st
             out.notes.append(f"{name}: rows of {shape[-1]} are not a multiple of {SIZES[t][0]} ({t}); falling back to {fb} as llama.cpp does")
             t = fb
         out.types[name] = t
+        out.gguf_types[g] = t
         if p.get("requires_imatrix") and t == "Q2_K" and cat not in ("output", "token_embd"):
             out.needs_imatrix.append(name)
     return out
@@ -191,7 +198,7 @@ def recipe_toml(resolved: Resolved) -> str:
     """:func:`recipe` as a TOML file with a header saying where it comes from."""
     lines = [f"# qformat recipe: llama-quantize's {resolved.preset} mix for this checkpoint (qformat quantize --preset {resolved.preset}).",
              "# One rule per quantized tensor; tensors no rule names are kept. Edit the types (scheme gguf: Q4_0, Q4_1, Q5_0,",
-             "# Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and pass the file back with --recipe."]
+             "# Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0) and pass the file back with --recipe."]
     lines += [f"# note: {n}" for n in resolved.notes]
     for n, t in resolved.types.items():
         lines += ["", "[[rules]]", f"glob = {json.dumps(_glob_escape(n))}", 'scheme = "gguf"', f"type = {json.dumps(t)}"]
@@ -231,3 +238,65 @@ def gguf_names(names: Sequence[str], config: Mapping[str, Any] | None) -> dict[s
     raise error("ENCODE_PARAM_INVALID", "a GGUF preset follows llama.cpp's tensor names: it needs a Hugging Face folder whose "
                 "config.json model_type is an architecture gguf-py knows (llama, qwen2, bert, ...) or tensors with GGUF names "
                 f"(blk.N.*, token_embd, output); found model_type {mt!r}", field="preset")
+
+
+def gguf_hparams(kv: Mapping[str, Any]) -> dict[str, Any]:
+    """The config.json keys :func:`resolve` reads (``model_type``, ``num_hidden_layers``,
+    ``num_attention_heads``, ``num_key_value_heads``), from a GGUF file's metadata as ``qformat
+    convert`` records it (``kv``: key -> {"type", "value"}): ``general.architecture`` and its
+    ``block_count``, ``attention.head_count`` and ``attention.head_count_kv``, the values
+    llama.cpp's mixes read (a per-layer array: layer 0's, as ``n_gqa()`` takes).  Keys absent
+    (or recorded elsewhere) are left out."""
+
+    def value(key: str) -> Any:
+        v = kv.get(key)
+        v = v.get("value") if isinstance(v, Mapping) else None
+        if isinstance(v, list):
+            v = v[0] if v else None
+        return v
+
+    arch = value("general.architecture")
+    if not isinstance(arch, str):
+        return {}
+    out: dict[str, Any] = {"model_type": arch}
+    for name, key in (("num_hidden_layers", "block_count"), ("num_attention_heads", "attention.head_count"),
+                      ("num_key_value_heads", "attention.head_count_kv")):
+        v = value(f"{arch}.{key}")
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            out[name] = v
+    return out
+
+
+def quantized_metadata(meta: Mapping[str, str], resolved: Resolved, imatrix_kvs: Sequence[tuple[str, dict[str, Any]]] = ()) -> dict[str, str]:
+    """A source file's ``__metadata__`` with its GGUF record (``qformat convert`` of a GGUF file:
+    member ``gguf``) made what ``llama-quantize`` writes for ``resolved``, so that ``qformat
+    export --to gguf`` writes that file: each quantized tensor recorded with its new type, and
+    the key/values as llama_model_quantize_impl sets them (``general.quantization_version`` and
+    ``general.file_type``, the preset's ftype, removed and appended in that order; the split
+    keys removed; then llama-quantize's ``quantize.imatrix.*`` keys, ``imatrix_kvs``, each
+    removed and appended).  A file without a record is returned as it is."""
+    import gguf
+
+    from .convert.gguf import METADATA_KEY
+
+    text = meta.get(METADATA_KEY)
+    if text is None:
+        return dict(meta)
+    try:
+        rec = json.loads(text)
+        kv = dict(rec["kv"])
+        tensors = [list(t) for t in rec.get("tensors", [])]
+    except (ValueError, KeyError, TypeError):
+        return dict(meta)  # not a record this can read: export says so
+    K = gguf.Keys
+    ftype = int(presets()[resolved.preset]["ftype"])
+    sets = [(K.General.QUANTIZATION_VERSION, {"type": "uint32", "value": int(gguf.GGML_QUANT_VERSION)}),
+            (K.General.FILE_TYPE, {"type": "uint32", "value": ftype}), *imatrix_kvs]
+    drop = {k for k, _ in sets} | {K.Split.LLM_KV_SPLIT_NO, K.Split.LLM_KV_SPLIT_COUNT, K.Split.LLM_KV_SPLIT_TENSORS_COUNT}
+    kv = {k: v for k, v in kv.items() if k not in drop}
+    kv.update(sets)
+    for t in tensors:
+        if t and t[0] in resolved.gguf_types and len(t) >= 2:
+            t[1] = resolved.gguf_types[t[0]]
+    rec = {**rec, "kv": kv, "tensors": tensors}
+    return {**meta, METADATA_KEY: json.dumps(rec, separators=(",", ":"), ensure_ascii=False)}

@@ -21,7 +21,7 @@ import pytest
 import qformat
 from qformat import gguf_presets
 from qformat.errors import QFormatError
-from qformat.schemes.ggml_blocks import SIZES, TYPES, quantize_blocks
+from qformat.schemes.ggml_blocks import NONLINEAR_TYPES, SIZES, TYPES, quantize_blocks
 
 FIXTURE = Path(__file__).parent / "fixtures" / "llama_quantize" / "ggml_blocks.safetensors"
 
@@ -108,7 +108,7 @@ def test_overflowing_values_refused(qtype: str) -> None:
 
 def test_unknown_type_refused() -> None:
     with pytest.raises(QFormatError) as e:
-        qformat.quantize(np.ones((2, 256), np.float32), "gguf", type="IQ4_XS")
+        qformat.quantize(np.ones((2, 256), np.float32), "gguf", type="IQ2_XXS")  # read, never produced
     assert e.value.code == "ENCODE_PARAM_INVALID" and e.value.field == "type"
 
 
@@ -193,11 +193,11 @@ def test_q2_k_s_needs_an_importance_matrix() -> None:
 def test_preset_table_is_consistent() -> None:
     table = gguf_presets.presets()
     for name, p in table.items():
-        assert p["type"] in TYPES
+        assert p["type"] in TYPES + NONLINEAR_TYPES
         for cat in set(p) - {"type", "ftype", "requires_imatrix"}:
-            assert cat in ("attn_v", "ffn_down", "attn_output"), (name, cat)
+            assert cat in ("attn_v", "ffn_down", "attn_output", "token_embd"), (name, cat)
             for cond, t in p[cat]:
-                assert t in TYPES
+                assert t in TYPES + NONLINEAR_TYPES
                 gguf_presets._holds(cond, 0, 8, 4.0, True)  # a KeyError for an unknown condition
     import gguf
 

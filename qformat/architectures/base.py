@@ -11,10 +11,18 @@ the family):
   (``LlamaModel.permute``), each with the config key of its head count;
 - ``norm_shift``: the tensors llama.cpp stores as the Hugging Face value plus a constant
   (Gemma's ``Gemma3RMSNorm`` multiplies by ``1 + w``: GGUF holds ``w + 1``, transformers ``w``);
+- ``head_split``: fused q/k/v projections whose rows are per head in the Hugging Face checkpoint
+  and per part (all q, all k, all v) in llama.cpp's (Bloom), a move of whole rows;
+- ``transposed``: the 2-D tensors llama.cpp stores as the transpose of the Hugging Face one (GPT-2's
+  ``Conv1D`` weights are ``[in, out]``; its converter writes ``[out, in]``, blocks along ``in``):
+  a quantized one keeps its packed bytes and is described with a transposed storage order
+  (:func:`transposed_descriptor`), a plain one is transposed as it is copied;
 - ``hparams``: the ``{arch}.*`` keys its converter writes beyond the ones every text model gets
   (:func:`qformat.export.gguf` writes those), from config.json;
 - ``tied``: ``"optional"`` (``output.weight`` when the checkpoint has an ``lm_head``) or
   ``"always"`` (llama.cpp's loader takes the embedding as the output; Gemma);
+- ``hf_export``: whether a Hugging Face checkpoint of it (not converted from a GGUF) exports, or
+  only a folder converted from a GGUF file, which records the keys llama.cpp reads;
 - ``tokenizer_model``: the ``tokenizer.ggml.model`` its converter writes (``gpt2``: byte-level
   BPE; ``llama``: SentencePiece).
 
@@ -37,6 +45,14 @@ import numpy as np
 HParam = tuple[str, str, Callable[[dict[str, Any]], Any]]
 
 
+def head_split_permutation(rows: int, n_head: int, parts: int = 3) -> np.ndarray:
+    """llama.cpp's row order of a fused projection whose Hugging Face rows are per head, each
+    head's ``parts`` slices (q, k, v) together (Bloom's ``query_key_value``): all heads' q rows,
+    then all k rows, then all v rows (convert_hf_to_gguf.py ``BloomModel``).  Row i of the result
+    is source row ``perm[i]``."""
+    return np.arange(rows).reshape(n_head, parts, rows // n_head // parts).swapaxes(0, 1).reshape(-1)
+
+
 def rotary_permutation(rows: int, n_head: int) -> np.ndarray:
     """llama.cpp's q/k row order (convert_hf_to_gguf.py ``LlamaModel.permute``): per head, the
     two halves of the head's rows interleaved.  Row i of the result is source row ``perm[i]``."""
@@ -54,6 +70,15 @@ class Architecture:
     skipped: tuple[str, ...] = ()
     rotary: tuple[tuple[str, str], ...] = ()  # (HF name pattern, config key of its head count)
     norm_shift: tuple[str, float] | None = None  # (HF name pattern, value added in GGUF)
+    transposed: tuple[str, ...] = ()  # HF name patterns of 2-D tensors GGUF holds transposed
+    #: fused q/k/v projections whose rows llama.cpp regroups from per-head to per-part order
+    #: (:func:`head_split_permutation`), each with the config key of its head count.
+    head_split: tuple[tuple[str, str], ...] = ()
+    #: Whether ``qformat export --to gguf`` writes a GGUF from a Hugging Face checkpoint of it (one
+    #: not converted from a GGUF): the common keys and ``hparams`` are all its converter writes.
+    #: False: only a folder ``qformat convert model.gguf out/`` made, which records the GGUF's
+    #: keys, exports (the table then names the tensors back).
+    hf_export: bool = True
     tied: str = "optional"
     tokenizer_model: str = "gpt2"
     #: ``{arch}.*`` keys written after the common ones (in the converter's order).
@@ -93,6 +118,12 @@ class Architecture:
 
     def permutation(self, hf_name: str, rows: int, config: dict[str, Any]) -> np.ndarray | None:
         """GGUF row i is Hugging Face row ``perm[i]`` (None: no reordering)."""
+        for pat, key in self.head_split:
+            if re.fullmatch(pat, hf_name):
+                n = config.get(key) or config.get("num_attention_heads")
+                if not n or rows % (3 * int(n)):
+                    raise ValueError(f"{rows} rows do not split into {n} heads of q, k and v")
+                return head_split_permutation(rows, int(n))
         heads = self.heads_of(hf_name, config)
         if heads is None:
             return None
@@ -115,5 +146,45 @@ class Architecture:
             return rp[self.rope_section]
         return rp
 
+    def transposes(self, hf_name: str) -> bool:
+        """Whether llama.cpp stores ``hf_name`` (2-D) as its transpose."""
+        return any(re.fullmatch(p, hf_name) for p in self.transposed)
+
     def has_output(self) -> bool:
         return self.tied != "always"
+
+
+def transposed_descriptor(raw: dict[str, Any]) -> dict[str, Any]:
+    """The descriptor (JSON) of the transpose of the 2-D tensor ``raw`` describes, over the same
+    components: nothing is re-encoded or moved.  The logical shape swaps; the codes' storage
+    ``order`` composes with the swap (SPEC.md §7.3: the stored grid stays where it is, so ``axis``
+    and the rows of packed blocks do not change); each parameter's block grid swaps, a stored
+    parameter's ``order`` composes likewise (§9.2) and an encoded one's nested descriptor is
+    transposed the same way (§9.3).  ValueError for what has no such description (another rank,
+    a device layout, a block kind other than a grid)."""
+    import copy
+
+    if len(raw.get("shape", ())) != 2:
+        raise ValueError(f"a tensor of rank {len(raw.get('shape', ()))}, not 2")
+    layout = (raw.get("layout") or {}).get("name", "canonical")
+    if layout != "canonical":
+        raise ValueError(f"device layout {layout!r}")
+    if raw.get("extensions"):
+        raise ValueError("extensions, whose meaning may depend on the axes")
+    out = copy.deepcopy(raw)
+    out["shape"] = list(raw["shape"])[::-1]
+    packing = out["codes"]["packing"]
+    packing["order"] = [1 - a for a in packing.get("order", (0, 1))]
+    for role in ("scale", "bias", "zero"):
+        p = out.get(role)
+        if p is None:
+            continue
+        blocks = p.get("blocks", {})
+        if blocks.get("type") != "grid" or len(blocks.get("size", ())) != 2:
+            raise ValueError(f"the {role}'s blocks are not a 2-D grid")
+        blocks["size"] = list(blocks["size"])[::-1]
+        if p.get("encoded") is not None:
+            p["encoded"] = transposed_descriptor(p["encoded"])
+        else:
+            p["order"] = [1 - a for a in p.get("order", (0, 1))]
+    return out

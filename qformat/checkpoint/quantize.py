@@ -11,10 +11,11 @@ every file was written and checked.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, Callable, Iterator, Mapping, TextIO
 
 import numpy as np
 
@@ -74,6 +75,8 @@ def open_plain_source(src: str | os.PathLike[str]) -> Any:
 
     ck = Checkpoint(src)
     fmt = quantized_format(ck)
+    if fmt == "qformat" and not _has_quantized(ck):
+        return ck  # plain tensors only (`qformat convert` of an F32 / F16 GGUF): quantized as any plain checkpoint
     if fmt == "qformat":
         raise error(SOURCE_ERROR, f"{ck.path} is already a qformat checkpoint; quantize takes plain checkpoints: "
                                   f"`qformat dequantize {os.fspath(src)} PLAIN` gives one to quantize differently, "
@@ -82,6 +85,39 @@ def open_plain_source(src: str | os.PathLike[str]) -> Any:
         raise error(SOURCE_ERROR, f"{ck.path} holds quantized tensors ({fmt}); quantize takes plain checkpoints: "
                                   f"use `qformat convert {os.fspath(src)} DST` to turn it into qformat")
     return ck
+
+
+def _has_quantized(ck: Any) -> bool:
+    """Whether a qformat checkpoint describes any quantized tensor."""
+    from ..convert.qformat_ import QFormatSource
+
+    return bool(QFormatSource().describe(ck).descriptors)
+
+
+@contextlib.contextmanager
+def plain_source_path(src: str | os.PathLike[str], tmp_dir: str | None = None) -> Iterator[str | os.PathLike[str]]:
+    """``src``, or for a GGUF file of plain tensors (F32 / F16 / BF16, what ``llama-quantize``
+    takes) the single file with its GGUF names and record that ``qformat convert model.gguf
+    x.safetensors`` writes, in a temporary folder under ``tmp_dir`` removed afterwards.  A GGUF
+    file holding quantized tensors is QUANTIZE_SOURCE_QUANTIZED, as any quantized source."""
+    from .source import Checkpoint
+
+    if Checkpoint(src).kind != "gguf":
+        yield src
+        return
+    from ..convert import describe, write
+
+    ck, _, described = describe(src, "gguf")
+    if described.descriptors:
+        raise error(SOURCE_ERROR, f"{ck.path} holds quantized tensors (gguf); quantize takes plain checkpoints: "
+                                  f"use `qformat convert {os.fspath(src)} DST` to turn it into qformat")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix=".qformat-gguf-", dir=tmp_dir if tmp_dir and os.path.isdir(tmp_dir) else None) as tmp:
+        path = os.path.join(tmp, os.path.splitext(os.path.basename(ck.path))[0] + ".safetensors")
+        write(ck, described, path)
+        ck.release()
+        yield path
 
 
 def quantized_format(ck: Any) -> str | None:
@@ -305,6 +341,11 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
                       progress=progress, notice=notice, strict=strict, preset=preset, imatrix=imatrix, **params)
         return split.run(quantize_checkpoint, kwargs, command="quantize", part=part, workers=workers, notice=notice)
 
+    if not isinstance(src, (str, os.PathLike)) or not os.fspath(src).endswith((".safetensors", ".json")):
+        with plain_source_path(src, os.path.dirname(os.path.abspath(os.fspath(dst)))) as plain:
+            if plain is not src:  # a GGUF file: its single-file conversion, quantized into dst as it would be
+                return quantize_checkpoint(plain, dst, scheme, recipe, max_shard_size=max_shard_size, overwrite=overwrite,
+                                           progress=progress, notice=notice, strict=strict, preset=preset, imatrix=imatrix, **params)
     ck = open_plain_source(src)
     im = _load_imatrix(imatrix)
     resolved = None
@@ -373,6 +414,12 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
         order = [os.path.basename(dst)]
         where = {u[0]: order[0] for u in units}
         metas = {order[0]: ck.metadata(ck.files[0])}
+    if resolved is not None:  # a GGUF source's record becomes what llama-quantize writes (export --to gguf reads it)
+        from ..export.gguf import imatrix_kvs
+
+        # quantize.imatrix.file: the path as given, as llama-quantize writes its argument (config.json keeps the name)
+        im_kvs = imatrix_kvs({"quantization_config": {"imatrix": {**_imatrix_record(im, importance), "file": im.path}}}) if im is not None else []
+        metas = {f: gguf_presets.quantized_metadata(m, resolved, im_kvs) for f, m in metas.items()}
     files: dict[str, OutFile] = {f: OutFile(f, None) for f in order}
     descs: dict[str, dict[str, Any]] = {f: {} for f in order}
     for name, tensors, group, desc in units:
@@ -401,8 +448,7 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
         if preset is not None:
             qc["gguf_preset"] = preset
         if im is not None:
-            qc["imatrix"] = {"file": os.path.basename(im.path), "format": im.format, "entries": len(im.entries),
-                             "chunks": im.chunk_count, "datasets": list(im.datasets), "applied": len(importance)}
+            qc["imatrix"] = _imatrix_record(im, importance)
         summary.recipe = qc
         cfg = ck.config if (os.path.isdir(ck.path) or ck.sharded) else None
         if isinstance(cfg, dict):
@@ -423,14 +469,27 @@ def resolve_preset(ck: Any, preset: str, has_imatrix: bool = False) -> "gguf_pre
     infos = {n: ck.info(n) for n in names}
     cfg = _config(ck)
     shapes = {n: tuple(i.shape) for n, i in infos.items() if i.dtype in FLOAT_STORAGE}
-    return gguf_presets.resolve(preset, shapes, cfg, gguf_presets.gguf_names(list(shapes), cfg), has_imatrix=has_imatrix)
+    names = gguf_presets.gguf_names(list(shapes), cfg)
+    from ..export.gguf import gguf_metadata
+
+    found = gguf_metadata(ck)  # a converted GGUF: its head counts where config.json has none (a single file has no config.json)
+    if found is not None:
+        cfg = {**gguf_presets.gguf_hparams(found[0]["kv"]), **{k: v for k, v in cfg.items() if v is not None}}
+    return gguf_presets.resolve(preset, shapes, cfg, names, has_imatrix=has_imatrix)
 
 
 def preset_recipe(src: str | os.PathLike[str], preset: str, imatrix: Any = None) -> "gguf_presets.Resolved":
     """``preset`` resolved for the plain checkpoint ``src`` (what ``qformat quantize --preset``
     applies, with ``imatrix`` given or not; :func:`qformat.gguf_presets.recipe_toml` writes it
     as an editable recipe)."""
-    return resolve_preset(open_plain_source(src), preset, has_imatrix=imatrix is not None)
+    with plain_source_path(src) as plain:
+        return resolve_preset(open_plain_source(plain), preset, has_imatrix=imatrix is not None)
+
+
+def _imatrix_record(im: Any, importance: Mapping[str, Any]) -> dict[str, Any]:
+    """What quantization_config records of an applied importance matrix."""
+    return {"file": os.path.basename(im.path), "format": im.format, "entries": len(im.entries),
+            "chunks": im.chunk_count, "datasets": list(im.datasets), "applied": len(importance)}
 
 
 def _config(ck: Any) -> dict[str, Any]:

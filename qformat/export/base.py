@@ -275,6 +275,11 @@ def compare(want: np.ndarray, got: np.ndarray, chunk: int = 1 << 18) -> Comparis
     g = np.ascontiguousarray(got, np.float32).reshape(-1)
     if w.shape != g.shape:
         raise ValueError(f"shapes differ: {np.shape(want)} vs {np.shape(got)}")
+    # The figures (max abs difference, SQNR in float64) describe a difference: where every bit
+    # matches (every export that maps exactly) they are 0 and infinity without computing them,
+    # which was half of a GGUF export's time.
+    if all(np.array_equal(w[lo : lo + chunk].view(np.uint32), g[lo : lo + chunk].view(np.uint32)) for lo in range(0, w.size, chunk)):
+        return Comparison(True, 0.0, math.inf, 0, 0)
     mism, zeros, max_abs, sig, noise = 0, 0, 0.0, 0.0, 0.0
     for lo in range(0, w.size, chunk):
         wc, gc = w[lo : lo + chunk], g[lo : lo + chunk]

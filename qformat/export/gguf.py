@@ -11,6 +11,10 @@ descriptor has that type's arithmetic (SPEC.md Appendix D, ``qformat/export/mapp
   ``d``, a nested subtracted minimum times ``dmin``): ``Q2_K`` ... ``Q6_K``;
 - E2M1 codes (or gguf-py's codebook) with an ``F8_E8M0`` scale per 32, or the converter's form
   with ggml's exponent table: ``MXFP4``;
+- ``kvalues_iq4nl`` codebook codes with an F16 scale per 32 (``IQ4_NL``) or a 6-bit sub-block
+  scale per 32 times an F16 per 256 (``IQ4_XS``); 2-bit codes -1..1 (``TQ1_0``) or the codebook
+  [-1, 0, 1, 2] (``TQ2_0``) with an F16 scale per 256: the forms ``qformat convert`` and scheme
+  ``gguf`` give these types;
 - plain ``F32``/``F16``/``BF16``/``F64``/``I8``/``I16``/``I32``/``I64`` tensors as themselves,
   except 1-D ``F16``/``BF16`` ones (norm weights, biases), widened exactly to ``F32`` as
   llama.cpp's own converter writes them (its CPU backend aborts on a BF16 norm weight).
@@ -27,8 +31,8 @@ and its ``gguf.kv.<key>`` members, or the ``gguf.kv.*`` tensors of older convers
 not exported as tensors); when the tensors are written in other types than the source recorded,
 ``general.file_type`` follows them.  The Hugging Face folder ``qformat convert model.gguf out/``
 makes keeps that record too, with transformers' tensor names: the architecture table
-(:mod:`qformat.architectures`) names them back, permutes llama's q/k rows again and adds 1 to
-Gemma's norms, so an unchanged folder gives back the original file; a GGUF architecture the table
+(:mod:`qformat.architectures`) names them back, permutes llama's q/k rows (and Bloom's fused
+q/k/v rows) again, transposes GPT-2's ``Conv1D`` weights back and adds 1 to Gemma's norms, so an unchanged folder gives back the original file; a GGUF architecture the table
 does not have is refused by name.  A Hugging Face llama-family checkpoint (``model_type``
 llama, mistral: architecture ``llama``; qwen2: ``qwen2``) gets the keys llama.cpp's converter
 writes (every name from gguf-py's ``gguf.Keys``; the authorship keys, ``general.name`` among them,
@@ -57,13 +61,15 @@ import numpy as np
 from ..architectures import MODEL_TYPES, Architecture, by_gguf, by_model_type, rotary_permutation
 from ..container import TensorSpec
 from ..convert.gguf import _MXFP4_DOUBLED, METADATA_KEY, PLAIN, TYPES, _Field, _Type, e8m0_half
+from ..convert import gguf_codes
 from ..convert.gguf_file import DEFAULT_ALIGNMENT, GGML_TYPES, MAX_DIMS
 from ..descriptor import Descriptor, Param
 from ..dtypes import storage_name
 from ..errors import error
 from . import gguf_tokenizer
 from .base import Context, ExportPlan, Mapped, Parts, Refusal, Target, compare, int_element, not_exact, require, row_groups, unmappable
-from .gguf_writer import TensorEntry, write_gguf
+from ..schemes import ggml_blocks
+from .gguf_writer import GGML_TYPE_IDS, TensorEntry, write_gguf
 
 #: safetensors dtype -> ggml type name of the plain tensor types GGUF has.
 PLAIN_TYPES: dict[str, str] = {str(storage_name(dt)): GGML_TYPES[i][0] for i, dt in PLAIN.items()}
@@ -194,6 +200,9 @@ def _quantized(name: str, out: str, desc: Descriptor, ctx: Context) -> Mapped:
     assert desc.scale is not None
     require(desc.scale.op == "multiply", f"scale op {desc.scale.op}")
     el = desc.codes.element
+    nonlinear = _nonlinear(name, out, desc, ctx)
+    if nonlinear is not None:
+        return nonlinear
     if el.type in ("float", "codebook") and el.bits == 4:
         return _mxfp4(name, out, desc, ctx)
     if desc.scale.encoded is not None:
@@ -300,6 +309,92 @@ def _kquant(name: str, out: str, desc: Descriptor, ctx: Context) -> Mapped:
         return {out: blocks.reshape(lead + (K // t.block * t.size,))}
 
     return Mapped(t.name, [TensorSpec(out, t.name, shape)], build, lambda a: _decode(t, a[out], shape), {"ggml_type": t.name})
+
+
+# -- IQ4_NL, IQ4_XS, TQ1_0, TQ2_0: codes computed from the block (qformat.convert.gguf_codes) ------
+#: The codebooks that name these types (a descriptor's table must hold exactly these values).
+_IQ4_VALUES = np.array(gguf_codes.KVALUES_IQ4NL, np.float32)
+_TQ2_VALUES = np.array([-1, 0, 1, 2], np.float32)
+
+
+def _nonlinear(name: str, out: str, desc: Descriptor, ctx: Context) -> Mapped | None:
+    """IQ4_NL (``kvalues_iq4nl`` codebook, F16 scale per 32), IQ4_XS (the same codebook, scale
+    per 32 encoded as 6-bit ``offset_binary`` codes times an F16 per 256), TQ1_0 (2-bit
+    two's-complement codes -1..1, F16 scale per 256) and TQ2_0 (codebook [-1, 0, 1, 2], F16 scale
+    per 256): the forms ``qformat convert`` and scheme ``gguf`` give them.  None: not one of them."""
+    el, shape = desc.codes.element, tuple(desc.shape)
+    lead, K = shape[:-1], shape[-1]
+    if desc.bias is not None or desc.scale is None:
+        return None
+    if el.type == "codebook" and el.bits in (2, 4):
+        table = Parts(desc, ctx.source, name).element_values()
+        if el.bits == 4 and _same(table, _IQ4_VALUES):
+            tname = "IQ4_NL" if desc.scale.encoded is None else "IQ4_XS"
+        elif el.bits == 2 and _same(table, _TQ2_VALUES):
+            tname = "TQ2_0"
+        else:
+            return None
+    elif int_element(el) == (2, "twos_complement") and desc.scale.encoded is None and row_groups(desc.scale, shape) == 256:
+        tname = "TQ1_0"
+    else:
+        return None
+    tid = GGML_TYPE_IDS[tname]
+    block, size = GGML_TYPES[tid][1:]
+    if tname == "IQ4_XS":
+        inner = desc.scale.encoded
+        assert inner is not None
+        require(row_groups(desc.scale, shape) == 32, "IQ4_XS sub-block scales are one per 32 along the last axis")
+        require(tuple(inner.shape) == lead + (K // 32,) and inner.zero is None and inner.bias is None and inner.scale is not None
+                and inner.scale.op == "multiply" and int_element(inner.codes.element) == (6, "offset_binary"),
+                "IQ4_XS's nested scale is 6-bit offset_binary codes times one F16 value per 256")
+        _blocks_of(inner, inner.scale, 8, "nested scale scale")
+        _stored_float(inner.scale, ctx, "nested scale scale")
+    else:
+        _blocks_of(desc, desc.scale, block, "scale")
+        _stored_float(desc.scale, ctx, "scale")
+    require(K % block == 0, f"rows of {K}, not a multiple of the {tname} block {block}")
+
+    def build(parts: Parts) -> Mapping[str, np.ndarray]:
+        codes = parts.codes().reshape(-1, block)
+        if tname == "IQ4_NL":
+            blocks = np.empty((codes.shape[0], size), np.uint8)
+            _put_f16(blocks, 0, _f16_bits(parts, "scale"))
+            blocks[:, 2:] = ggml_blocks.iq4_codes_bytes(codes)
+        elif tname == "IQ4_XS":
+            ps = parts.nested("scale")
+            ls = ps.codes().reshape(-1, 8).astype(np.uint16)  # the stored 6-bit ls (value ls - 32)
+            blocks = np.empty((codes.shape[0], size), np.uint8)
+            _put_f16(blocks, 0, _f16_bits(ps, "scale"))
+            _put_f16(blocks, 2, np.bitwise_or.reduce((ls >> 4) << (2 * np.arange(8, dtype=np.uint16)), axis=1))
+            blocks[:, 4:8] = ((ls[:, 0::2] & 0xF) | ((ls[:, 1::2] & 0xF) << 4)).astype(np.uint8)
+            blocks[:, 8:] = ggml_blocks.iq4_codes_bytes(codes)
+        elif tname == "TQ1_0":
+            bad = np.flatnonzero(codes.reshape(-1) == 2)
+            if bad.size:
+                raise unmappable(name, "gguf", f"TQ1_0 holds -1, 0 and +1; {bad.size} codes are -2 (the first at flat element {bad[0]})")
+            blocks = ggml_blocks.tq1_0_pack(((codes.astype(np.int32) + 1) & 3), _f16_bits(parts, "scale"))  # -1, 0, 1 -> 0, 1, 2
+        else:
+            blocks = ggml_blocks.tq2_0_pack(codes.astype(np.int32), _f16_bits(parts, "scale"))
+        return {out: blocks.reshape(lead + (K // block * size,))}
+
+    return Mapped(tname, [TensorSpec(out, tname, shape)], build, lambda a: _decode_computed(tid, a[out], shape), {"ggml_type": tname})
+
+
+def _decode_computed(tid: int, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """IQ4_NL / IQ4_XS / TQ1_0 / TQ2_0 blocks decoded as gguf-py does (``d * value``; IQ4_XS
+    ``(d * (ls - 32)) * value``); every product is exact in binary32 (gguf_codes' docstring)."""
+    spec = gguf_codes.TYPES[tid]
+    b = np.asarray(raw).reshape(-1, spec.size)
+    codes = spec.codes(b)
+    el = spec.element
+    vals = el["table"][codes] if el["type"] == "codebook" else (((codes.astype(np.int8) << 6) >> 6)).astype(np.float32)
+    assert spec.d is not None
+    d = spec.d(b).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if spec.sc is None:
+            return (vals.reshape(b.shape[0], -1) * d[:, None]).reshape(shape)
+        dl = d[:, None] * (spec.sc(b).astype(np.float32) - np.float32(32))
+        return (vals.reshape(b.shape[0], -1, 32) * dl[:, :, None]).reshape(shape)
 
 
 def _same(a: np.ndarray, b: np.ndarray, zero_sign: bool = False) -> bool:
@@ -412,6 +507,41 @@ def _shifted(m: Mapped, shift: float) -> Mapped:
     return Mapped("F32", specs, build, None, dict(m.info, ggml_type="F32", shifted=shift))
 
 
+def _transposed(name: str, out: str, desc: Descriptor | None, ctx: Context) -> Mapped:
+    """A 2-D tensor llama.cpp stores as the transpose of the checkpoint's (GPT-2's ``Conv1D``
+    weights, ``[in, out]``; GGUF ``[out, in]``).  A plain one is transposed as it is copied (its
+    dtype kept); a packed one is mapped from the descriptor of its transpose over the same
+    components (:func:`~qformat.architectures.base.transposed_descriptor`), which is a ggml
+    block type only when its blocks run along the GGUF's rows, as ``qformat convert`` of a GGUF
+    describes them; the built blocks decode, transposed back, to the checkpoint's values."""
+    from ..architectures.base import transposed_descriptor
+    from ..descriptor import parse_descriptor
+
+    if desc is None:
+        info = ctx.source.info(name)
+        require(info is not None and len(info.shape) == 2, "a tensor llama.cpp stores transposed is not 2-D here")
+        inner = _plain(name, out, ctx)
+        assert info is not None
+
+        def build_plain(parts: Parts) -> Mapping[str, np.ndarray]:
+            return {k: np.ascontiguousarray(np.asarray(v).T) for k, v in inner.build(parts).items()}
+
+        specs = [TensorSpec(sp.name, sp.dtype, tuple(sp.shape)[::-1]) for sp in inner.specs]
+        return Mapped(inner.kind, specs, build_plain, lambda a: np.asarray(a[out], np.float32).T, dict(inner.info, transposed=True))
+    require(len(desc.shape) == 2, f"a rank-{len(desc.shape)} tensor; llama.cpp stores this one as a transposed matrix")
+    try:
+        back = parse_descriptor(name, transposed_descriptor(desc.to_dict()))
+    except ValueError as e:
+        raise Refusal(f"llama.cpp stores this tensor transposed, and its packing cannot be described transposed ({e})") from None
+    m = _quantized(name, out, back, ctx)
+    decode = m.decode
+
+    def build(_parts: Parts) -> Mapping[str, np.ndarray]:
+        return m.build(Parts(back, ctx.source, name))  # the same components, read in the GGUF's orientation
+
+    return Mapped(m.kind, m.specs, build, None if decode is None else (lambda a: decode(a).T), dict(m.info, transposed=True), m.in_dtype)
+
+
 def _permuted(m: Mapped, perm: np.ndarray) -> Mapped:
     """``m`` with its rows (axis 0) reordered: target row i is source row ``perm[i]``.  Rows of
     whole blocks move as they are; the decode puts them back for the comparison."""
@@ -471,12 +601,22 @@ class _Model:
     def permutation(self, name: str, shape: tuple[int, ...], quantized: bool) -> np.ndarray | None:
         if self.table is None:
             return None
+        if any(re.fullmatch(p, name) for p, _ in self.table.head_split):  # Bloom's fused q/k/v: whole rows move
+            require(len(shape) == 2 or not quantized, "a quantized 1-D fused q/k/v tensor cannot have its elements regrouped")
+            try:
+                return self.table.permutation(name, shape[0] if shape else 0, self.config)
+            except ValueError as e:
+                raise Refusal(str(e)) from None
         heads = self.table.heads_of(name, self.config)
         if heads is None:
             return None
         require(bool(shape) and shape[0] % (2 * heads) == 0, f"{shape[0] if shape else 0} rows do not split into {heads} heads of two halves")
         require(len(shape) == 2 or not quantized, "a quantized 1-D q/k tensor cannot have its elements permuted for rotary")
         return rotary_permutation(shape[0], heads)
+
+    def transposes(self, name: str) -> bool:
+        """Whether llama.cpp stores this 2-D tensor transposed (GPT-2's Conv1D weights)."""
+        return self.table is not None and self.table.transposes(name)
 
     def shift(self, name: str) -> float:
         """What llama.cpp adds to this tensor's values (Gemma's norms: 1)."""
@@ -518,9 +658,13 @@ def _transformers_named(ck: Any, recorded: dict[str, str]) -> bool:
 
 
 def _unknown(what: str) -> str:
-    known = ", ".join(f"{a.name} (model_type {', '.join(a.model_types)})" for a in sorted(set(MODEL_TYPES.values()), key=lambda a: a.name))
+    known = ", ".join(f"{a.name} (model_type {', '.join(a.model_types)})" for a in sorted(set(MODEL_TYPES.values()), key=lambda a: a.name)
+                      if a.hf_export)
+    converted = ", ".join(sorted(a.name for a in set(MODEL_TYPES.values()) if not a.hf_export))
+    also = f"; from a folder converted from a GGUF file also for architectures {converted}" if converted else ""
     return (f"{what} has no llama.cpp mapping in this version (tensor names, hyperparameters and tokenizer keys are known for "
-            f"model_type {', '.join(sorted(ARCHITECTURES))}: architectures {known}); a GGUF of it would not load in llama.cpp, "
+            f"model_type {', '.join(sorted(k for k, a in ARCHITECTURES.items() if a.hf_export))}: architectures {known}{also}); "
+            f"a GGUF of it would not load in llama.cpp, "
             f"so none is written (--tensors-only writes the tensors under their own names, for gguf-py and other tensor readers)")
 
 
@@ -597,6 +741,11 @@ def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unsupported_config(cfg: dict[str, Any], table: Architecture) -> str | None:
+    if not table.hf_export:
+        # the keys its converter writes beyond the common ones are not in the table: a file
+        # without them would not load in llama.cpp (or would run wrongly)
+        return _unknown(f"config.json's model_type {cfg.get('model_type')!r} (GGUF architecture {table.name}) as a Hugging Face "
+                        "checkpoint not converted from a GGUF file")
     for k in ("num_attention_heads", "hidden_size", "num_hidden_layers"):
         if not isinstance(cfg.get(k), int):
             return f"config.json has no integer {k}"
@@ -898,6 +1047,8 @@ class GGUF(Target):
         out = model.rename(name)
         if out is None:  # metadata tensors, unused buffers: nothing to write
             return Mapped("not exported", [], lambda _p: {})
+        if model.transposes(name):  # GPT-2's Conv1D weights: the GGUF holds [out, in]
+            return _transposed(name, out, desc, ctx)
         if desc is None:
             info = ctx.source.info(name)
             mapped = _plain(name, out, ctx)

@@ -610,6 +610,13 @@ static void q4_1(const float *x, uint8_t *y) { q4_1_like(x, y, 4); }
 static void q5_1(const float *x, uint8_t *y) { q4_1_like(x, y, 5); }
 
 typedef void (*block_fn)(const float *, uint8_t *);
+/* IQ4_NL, IQ4_XS, TQ1_0, TQ2_0: the section at the end of the file. */
+static void iq4_nl_block(const float *x, uint8_t *y);
+static void iq4_xs_block(const float *x, uint8_t *y);
+static void tq1_0_block(const float *x, uint8_t *y);
+static void tq2_0_block(const float *x, uint8_t *y);
+static int nonlinear_weighted_row(const char *name, const float *x, const float *qw, Py_ssize_t n, uint8_t *y);
+
 static const struct {
     const char *name;
     int block, size;
@@ -617,6 +624,8 @@ static const struct {
 } TYPES[] = {
     {"Q4_0", QK, 18, q4_0}, {"Q4_1", QK, 20, q4_1}, {"Q5_0", QK, 22, q5_0}, {"Q5_1", QK, 24, q5_1}, {"Q8_0", QK, 34, q8_0},
     {"Q2_K", QK_K, 84, q2_k}, {"Q3_K", QK_K, 110, q3_k}, {"Q4_K", QK_K, 144, q4_k}, {"Q5_K", QK_K, 176, q5_k}, {"Q6_K", QK_K, 210, q6_k},
+    /* the non-linear and ternary types: defined in their own section at the end of the file */
+    {"IQ4_NL", QK, 18, iq4_nl_block}, {"IQ4_XS", QK_K, 136, iq4_xs_block}, {"TQ1_0", QK_K, 54, tq1_0_block}, {"TQ2_0", QK_K, 66, tq2_0_block},
 };
 
 
@@ -1098,6 +1107,134 @@ AI void q8_0_lanes(const float *x, uint8_t *y) {
     }
 }
 
+/* Q4_0 / Q5_0 and Q4_1 / Q5_1 on lanes: the block's 32 values as four vectors of 8.  The scale
+ * search is order-free but for which of two values wins a tie (Q4_0's first of the largest
+ * magnitude, Q4_1's first of two signed zeros), settled below as the scalar code settles it.
+ * The codes are converted directly where every lane's value is in int32's range and the
+ * out-of-range lanes (NaN or Inf scale: blocks of values below ~1e-38) get x86's INT_MIN, as
+ * trunc_i32 gives them, so no per-element branch stops the vectorizer. */
+typedef uint8_t v32b __attribute__((vector_size(32)));
+typedef float v8fu __attribute__((vector_size(32), aligned(4))); /* an unaligned load */
+
+/* The 32 values of a block as 4 vectors, loaded straight into registers (a memcpy to the stack
+ * and back stalls on store forwarding). */
+AI void load_block(const float *x, v8f *X) {
+    for (int g = 0; g < 4; ++g) X[g] = *(const v8fu *)(x + 8 * g);
+}
+
+/* Reductions of 8 lanes in 3 steps (not a 7-long chain); exact: max of values that exclude NaN,
+ * min and or of integers. */
+AI v8f vmax_nonan(v8f a, v8f b) { return vsel(b > a, b, a); }
+AI float hmax8(v8f a) {
+    a = vmax_nonan(a, __builtin_shuffle(a, (v8i){4, 5, 6, 7, 0, 1, 2, 3}));
+    a = vmax_nonan(a, __builtin_shuffle(a, (v8i){2, 3, 0, 1, 6, 7, 4, 5}));
+    return vmax_nonan(a, __builtin_shuffle(a, (v8i){1, 0, 3, 2, 5, 4, 7, 6}))[0];
+}
+AI int32_t hmin8i(v8i a) {
+    v8i b = __builtin_shuffle(a, (v8i){4, 5, 6, 7, 0, 1, 2, 3});
+    a = isel(b < a, b, a);
+    b = __builtin_shuffle(a, (v8i){2, 3, 0, 1, 6, 7, 4, 5});
+    a = isel(b < a, b, a);
+    b = __builtin_shuffle(a, (v8i){1, 0, 3, 2, 5, 4, 7, 6});
+    return isel(b < a, b, a)[0];
+}
+AI uint32_t hor8(v8i a) {
+    a |= __builtin_shuffle(a, (v8i){4, 5, 6, 7, 0, 1, 2, 3});
+    a |= __builtin_shuffle(a, (v8i){2, 3, 0, 1, 6, 7, 4, 5});
+    return (uint32_t)(a | __builtin_shuffle(a, (v8i){1, 0, 3, 2, 5, 4, 7, 6}))[0];
+}
+
+AI v8i trunc_lanes(v8f v) {
+    const v8i ok = (v > vsplat(-2147483648.0f)) & (v < vsplat(2147483648.0f));
+    return isel(ok, __builtin_convertvector(vsel(ok, v, vsplat(0)), v8i), isplat(INT32_MIN));
+}
+
+/* The codes Q[4] (low bits significant) packed as pack_legacy packs them. */
+AI void pack_lanes(uint8_t *qs, const v8i *Q, int bits) {
+    if (bits == 5) {
+        const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+        v8i h = isplat(0);
+        for (int g = 0; g < 4; ++g) h |= ((Q[g] >> 4) & isplat(1)) << (lane + isplat(8 * g));
+        const uint32_t qh = hor8(h);
+        for (int k = 0; k < 4; ++k) qs[k] = (uint8_t)(qh >> (8 * k));
+        qs += 4;
+    }
+    /* byte j of qs: the low byte of lane j of P (0..7 in P[0], 8..15 in P[1]): one byte shuffle */
+    const v8i P0 = (Q[0] & isplat(0x0f)) | ((Q[2] & isplat(0x0f)) << 4), P1 = (Q[1] & isplat(0x0f)) | ((Q[3] & isplat(0x0f)) << 4);
+    const v32b b = __builtin_shuffle((v32b)P0, (v32b)P1, (v32b){0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60,
+                                                                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+    memcpy(qs, &b, 16);
+}
+
+AI void q4_0_like_lanes(const float *x, uint8_t *y, int nmax, int bits) {
+    v8f X[4];
+    load_block(x, X);
+    v8f a = vsplat(0); /* NaN never wins a comparison: skipped, as in the scalar loop */
+    for (int g = 0; g < 4; ++g) a = vsel(vabs(X[g]) > a, vabs(X[g]), a);
+    const float amax = hmax8(a);
+    float max = 0.0f;
+    if (amax > 0.0f) { /* the first of the largest magnitude, as q4_0_like; no branch per element */
+        static const v8i index[4] = {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15},
+                                     {16, 17, 18, 19, 20, 21, 22, 23}, {24, 25, 26, 27, 28, 29, 30, 31}};
+        const v8f am = vsplat(amax);
+        v8i first = isplat(QK);
+        for (int g = 3; g >= 0; --g) first = isel(vabs(X[g]) == am, index[g], first);
+        max = x[hmin8i(first)];
+    }
+    const float d = max / (float)-nmax;
+    const float id = d ? 1.0f / d : 0.0f;
+    put16(y, f32_to_f16(d));
+    const int top = (1 << bits) - 1;
+    v8i Q[4];
+    for (int g = 0; g < 4; ++g) {
+        v8i i = trunc_lanes(X[g] * vsplat(id) + vsplat((float)nmax + 0.5f));
+        i = (i << 24) >> 24; /* (int8_t) */
+        Q[g] = isel(i > isplat(top), isplat(top), i);
+    }
+    pack_lanes(y + 2, Q, bits);
+}
+
+AI void q4_1_like_lanes(const float *x, uint8_t *y, int bits) {
+    v8f X[4];
+    load_block(x, X);
+    v8f mn = vsplat(3.402823466e+38f), mx = vsplat(-3.402823466e+38f);
+    for (int g = 0; g < 4; ++g) {
+        mn = vsel(X[g] < mn, X[g], mn);
+        mx = vsel(X[g] > mx, X[g], mx);
+    }
+    float min = 3.402823466e+38f, max = -3.402823466e+38f;
+    for (int k = 0; k < 8; ++k) {
+        if (mn[k] < min) min = mn[k];
+        if (mx[k] > max) max = mx[k];
+    }
+    if (min == 0.0f || max == 0.0f) { /* which zero's sign: the scalar loop's order decides */
+        min = 3.402823466e+38f, max = -3.402823466e+38f;
+        for (int j = 0; j < QK; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+    }
+    const float d = (max - min) / (float)((1 << bits) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    put16(y, f32_to_f16(d));
+    put16(y + 2, f32_to_f16(min));
+    v8i Q[4];
+    for (int g = 0; g < 4; ++g) {
+        v8i i = trunc_lanes((X[g] - vsplat(min)) * vsplat(id) + vsplat(0.5f));
+        if (bits == 4) {
+            i = (i << 24) >> 24; /* (int8_t), then MIN(15, .) */
+            i = isel(i > isplat(15), isplat(15), i);
+        }
+        Q[g] = i;
+    }
+    pack_lanes(y + 4, Q, bits);
+}
+
+AI void q4_0_lanes(const float *x, uint8_t *y) { q4_0_like_lanes(x, y, 8, 4); }
+AI void q5_0_lanes(const float *x, uint8_t *y) { q4_0_like_lanes(x, y, 16, 5); }
+AI void q4_1_lanes(const float *x, uint8_t *y) { q4_1_like_lanes(x, y, 4); }
+AI void q5_1_lanes(const float *x, uint8_t *y) { q4_1_like_lanes(x, y, 5); }
+
 /* -- importance-weighted searches on lanes: make_qkx3_quants (= make_qkx2 with rmin -0.9, rdelta
  * 0.05, 36 steps) of 8 sub-blocks (Q2_K, Q4_K, Q5_K) or 8 blocks (Q4_1, Q5_1) at once, with the
  * importance weights; the rest of each quantizer is the scalar code above. */
@@ -1163,6 +1300,7 @@ AI void legacy_min_w_lanes(const float *x, const float *qw, float sigma2, Py_ssi
 AI void weighted_row(int t, const float *x, const float *qw, Py_ssize_t n, uint8_t *y, int lanes) {
     const char *name = TYPES[t].name;
     const int size = TYPES[t].size;
+    if (nonlinear_weighted_row(name, x, qw, n, y)) return; /* IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 */
     if (!strcmp(name, "Q8_0")) {
         for (Py_ssize_t i = 0; i < n / QK; i++) q8_0(x + i * QK, y + i * size); /* quantize_q8_0 ignores the weights */
         return;
@@ -1244,9 +1382,14 @@ static __attribute__((noinline)) const float *block_f32(const void *x, int src, 
         }
         xb = buf;
     }
-    float m = *amax;
-    for (int j = 0; j < block; ++j) m = MAX(m, fabsf(xb[j]));
-    *amax = m;
+    /* MAX(m, |v|) skips NaN and is otherwise order-free: 8 running maxima, not one 32- or
+     * 256-long dependency chain (block is a multiple of 8). */
+    float m[8], r = *amax;
+    for (int k = 0; k < 8; ++k) m[k] = r;
+    for (int j = 0; j < block; j += 8)
+        for (int k = 0; k < 8; ++k) m[k] = MAX(m[k], fabsf(xb[j + k]));
+    /* all non-NaN and >= +0: the tree's result equals the chain's */
+    *amax = MAX(MAX(MAX(m[0], m[1]), MAX(m[2], m[3])), MAX(MAX(m[4], m[5]), MAX(m[6], m[7])));
     return xb;
 }
 
@@ -1259,8 +1402,8 @@ AI float run_body(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb, int 
     int lk = 0; /* which lane function: each called by name in its own loop, inlined in this ISA */
     float buf[QK_K], amax = 0.0f;
     if (lanes) {
-        static const char *const lane_types[] = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0"};
-        for (int k = 0; k < 6; ++k)
+        static const char *const lane_types[] = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1"};
+        for (int k = 0; k < 10; ++k)
             if (!strcmp(n, lane_types[k])) lk = k + 1;
     }
 #define QF_BLOCKS(fn) \
@@ -1272,6 +1415,10 @@ AI float run_body(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb, int 
     case 4: QF_BLOCKS(q5_k_lanes); break;
     case 5: QF_BLOCKS(q6_k_lanes); break;
     case 6: QF_BLOCKS(q8_0_lanes); break;
+    case 7: QF_BLOCKS(q4_0_lanes); break;
+    case 8: QF_BLOCKS(q5_0_lanes); break;
+    case 9: QF_BLOCKS(q4_1_lanes); break;
+    case 10: QF_BLOCKS(q5_1_lanes); break;
     default: QF_BLOCKS(TYPES[t].fn);
     }
 #undef QF_BLOCKS
@@ -1418,3 +1565,188 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ggml", "qformat's native GGUF block quantizers.", -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__ggml(void) { return PyModule_Create(&module); }
+
+
+/* == IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 (issue 42 item 7) =============================================
+ * ggml's quantize_iq4_nl / quantize_iq4_xs (quantize_row_iq4_nl_impl with ntry 7, what
+ * llama-quantize calls, with or without quant_weights) and quantize_row_tq1_0_ref / _tq2_0_ref,
+ * as qformat/schemes/ggml_blocks.py computes them (the NumPy reference, bit-identical; tests
+ * compare the two and both with llama.cpp's ggml-quants.c).  Scalar, block by block. */
+static const int8_t KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static inline int best_index_iq4(float x) {
+    const int8_t *val = KVALUES_IQ4NL;
+    if (x <= val[0]) return 0;
+    if (x >= val[15]) return 15;
+    int ml = 0, mu = 15;
+    while (mu - ml > 1) {
+        int mav = (ml + mu) / 2;
+        if (x < val[mav]) mu = mav; else ml = mav;
+    }
+    return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+}
+
+/* quantize_row_iq4_nl_impl(sbs, 32, x, ..., kvalues_iq4nl, qw, 7): sbs 32 writes an IQ4_NL
+ * block (d, qs), 256 an IQ4_XS block (d, scales_h, scales_l, qs); qw NULL: weights x^2. */
+static void iq4_impl(int sbs, const float *x, const float *qw, uint8_t *y) {
+    const int ntry = 7, nb = sbs / 32;
+    const int8_t *values = KVALUES_IQ4NL;
+    float scales[QK_K / 32], weight[32];
+    uint8_t L[QK_K];
+    float sigma2 = 0;
+    for (int j = 0; j < sbs; ++j) sigma2 += x[j] * x[j];
+    sigma2 *= 2.f / sbs;
+    float max_scale = 0, amax_scale = 0;
+    for (int ib = 0; ib < nb; ++ib) {
+        const float *xb = x + ib * 32;
+        uint8_t *Lb = L + ib * 32;
+        if (qw) {
+            for (int j = 0; j < 32; ++j) weight[j] = qw[ib * 32 + j] * sqrtf(sigma2 + xb[j] * xb[j]);
+        } else {
+            for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j];
+        }
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; ++j) {
+            float ax = fabsf(xb[j]);
+            if (ax > amax) {
+                amax = ax;
+                max = xb[j];
+            }
+        }
+        if (amax < GROUP_MAX_EPS) {
+            scales[ib] = 0;
+            memset(Lb, 0, 32); /* every later use recomputes these codes (ntry > 0) */
+            continue;
+        }
+        float d = -max / values[0];
+        float id = 1 / d;
+        float sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; ++j) {
+            int l = best_index_iq4(id * xb[j]);
+            Lb[j] = (uint8_t)l;
+            float q = values[l], w = weight[j];
+            sumqx += w * q * xb[j];
+            sumq2 += w * q * q;
+        }
+        d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+        float best = d * sumqx;
+        for (int itry = -ntry; itry <= ntry; ++itry) {
+            id = (itry + values[0]) / max;
+            sumqx = sumq2 = 0;
+            for (int j = 0; j < 32; ++j) {
+                float q = values[best_index_iq4(id * xb[j])], w = weight[j];
+                sumqx += w * q * xb[j];
+                sumq2 += w * q * q;
+            }
+            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scales[ib] = d;
+        float abs_d = fabsf(d);
+        if (abs_d > amax_scale) {
+            amax_scale = abs_d;
+            max_scale = d;
+        }
+    }
+    uint8_t *q4;
+    if (nb > 1) {
+        uint16_t scales_h = 0;
+        uint8_t *scales_l = y + 4;
+        float d = -max_scale / 32;
+        put16(y, f32_to_f16(d));
+        float id = d ? 1 / d : 0.f;
+        for (int ib = 0; ib < nb; ++ib) {
+            int l = nearest_int(id * scales[ib]);
+            l = MAX(-32, MIN(31, l));
+            float dl = d * l;
+            float idl = dl ? 1 / dl : 0.f;
+            for (int j = 0; j < 32; ++j) L[ib * 32 + j] = (uint8_t)best_index_iq4(idl * x[ib * 32 + j]);
+            l += 32;
+            uint8_t l_l = l & 0xf, l_h = (uint8_t)(l >> 4);
+            if (ib % 2 == 0) scales_l[ib / 2] = l_l;
+            else scales_l[ib / 2] |= (uint8_t)(l_l << 4);
+            scales_h |= (uint16_t)(l_h << 2 * (ib % 8));
+        }
+        put16(y + 2, scales_h);
+        q4 = y + 8;
+    } else {
+        put16(y, f32_to_f16(scales[0]));
+        float id = scales[0] ? 1 / scales[0] : 0;
+        for (int j = 0; j < sbs; ++j) L[j] = (uint8_t)best_index_iq4(id * x[j]);
+        q4 = y + 2;
+    }
+    for (int i = 0; i < sbs / 32; ++i)
+        for (int j = 0; j < 16; ++j) q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
+}
+
+static void iq4_nl_block(const float *x, uint8_t *y) { iq4_impl(QK, x, NULL, y); }
+static void iq4_xs_block(const float *x, uint8_t *y) { iq4_impl(QK_K, x, NULL, y); }
+
+/* (int)lroundf(v) as ggml meets it on x86-64: half away from zero; Inf / NaN (a block below
+ * ~3e-39, whose 1/d overflows) give LONG_MIN, whose low 32 bits are 0. */
+static inline int lround_i32(float v) {
+    if (!(fabsf(v) < 2147483648.f)) return 0;
+    return (int)lroundf(v);
+}
+
+/* TQ1_0 / TQ2_0's shared start: d = amax (F16 at byte d_off), the digits lroundf(x / d) + 1. */
+static void ternary_digits(const float *x, int *xi, uint8_t *y, int d_off) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK_K; j++) amax = MAX(amax, fabsf(x[j]));
+    const float d = amax, id = d ? 1.0f / d : 0.0f;
+    put16(y + d_off, f32_to_f16(d));
+    for (int j = 0; j < QK_K; j++) xi[j] = lround_i32(x[j] * id) + 1;
+}
+
+static inline uint8_t ceil_243(uint8_t q) { return (uint8_t)(((uint16_t)q * 256 + (243 - 1)) / 243); }
+
+static void tq1_0_block(const float *x, uint8_t *y) {
+    int xi[QK_K];
+    ternary_digits(x, xi, y, 52);
+    for (int m = 0; m < 32; ++m) { /* 5 elements per byte, along 32 bytes */
+        uint8_t q = 0;
+        for (int n = 0; n < 5; ++n) q = (uint8_t)(q * 3 + xi[m + n * 32]);
+        y[m] = ceil_243(q);
+    }
+    for (int m = 0; m < 16; ++m) { /* along 16 bytes */
+        uint8_t q = 0;
+        for (int n = 0; n < 5; ++n) q = (uint8_t)(q * 3 + xi[160 + m + n * 16]);
+        y[32 + m] = ceil_243(q);
+    }
+    for (int j = 0; j < 4; ++j) { /* qh: 4 elements per byte, the first in the top trit */
+        uint8_t q = 0;
+        for (int m = 0; m < 4; ++m) q = (uint8_t)(q * 3 + xi[240 + j + m * 4]);
+        q = (uint8_t)(q * 3);
+        y[48 + j] = ceil_243(q);
+    }
+}
+
+static void tq2_0_block(const float *x, uint8_t *y) {
+    int xi[QK_K];
+    ternary_digits(x, xi, y, 64);
+    for (int j = 0; j < 2; ++j)
+        for (int m = 0; m < 32; ++m) {
+            uint8_t q = 0;
+            for (int n = 0; n < 4; ++n) q = (uint8_t)(q + ((xi[128 * j + m + n * 32] & 3) << (2 * n)));
+            y[32 * j + m] = q;
+        }
+}
+
+/* quantize_<type> with quant_weights for these types (1), or 0 for another type: IQ4_NL / IQ4_XS
+ * use the weights; quantize_tq1_0 / _tq2_0 ignore them. */
+static int nonlinear_weighted_row(const char *name, const float *x, const float *qw, Py_ssize_t n, uint8_t *y) {
+    if (!strcmp(name, "IQ4_NL")) {
+        for (Py_ssize_t i = 0; i < n / QK; i++) iq4_impl(QK, x + i * QK, qw + i * QK, y + i * 18);
+    } else if (!strcmp(name, "IQ4_XS")) {
+        for (Py_ssize_t i = 0; i < n / QK_K; i++) iq4_impl(QK_K, x + i * QK_K, qw + i * QK_K, y + i * 136);
+    } else if (!strcmp(name, "TQ1_0")) {
+        for (Py_ssize_t i = 0; i < n / QK_K; i++) tq1_0_block(x + i * QK_K, y + i * 54);
+    } else if (!strcmp(name, "TQ2_0")) {
+        for (Py_ssize_t i = 0; i < n / QK_K; i++) tq2_0_block(x + i * QK_K, y + i * 66);
+    } else {
+        return 0;
+    }
+    return 1;
+}

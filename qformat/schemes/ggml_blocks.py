@@ -3,7 +3,11 @@
 llama.cpp makes a GGUF file's quantized blocks with ``quantize_row_<type>_ref`` whenever no
 importance matrix is given (``quantize_q4_K`` and the others call it then; Q8_0 always does).
 This module computes the same bytes for the same float32 rows, for Q4_0, Q4_1, Q5_0, Q5_1,
-Q8_0 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K.  The algorithms are llama.cpp's
+Q8_0, the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, the non-linear IQ4_NL and IQ4_XS (what
+``quantize_iq4_nl`` / ``quantize_iq4_xs`` write: a 4-bit ``kvalues_iq4nl`` codebook, the best of
+16 scales per 32 by a weighted least-squares fit, ``best_index_int8``'s binary search kept step by
+step) and the ternary TQ1_0 and TQ2_0 (``lroundf(x / amax)``; TQ1_0 packs five base-3 digits a
+byte with ggml's ceiling division).  The algorithms are llama.cpp's
 (``ggml/src/ggml-quants.c``); the code is written here, vectorised across blocks.
 
 Bit exactness rests on three rules, each kept on purpose:
@@ -39,6 +43,7 @@ QK_K = 256
 SIZES: dict[str, tuple[int, int]] = {
     "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
     "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+    "IQ4_NL": (32, 18), "IQ4_XS": (256, 136), "TQ1_0": (256, 54), "TQ2_0": (256, 66),
 }
 
 
@@ -479,16 +484,201 @@ def q6_k_tail(x: np.ndarray, L: np.ndarray, scales: np.ndarray, nb: int) -> np.n
     return out
 
 
+# -- non-linear and ternary types: IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 ----------------------------------
+#: ggml's kvalues_iq4nl (ggml-common.h), the IQ4 codebook.
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], F)
+
+
+def _best_index_iq4(v: np.ndarray) -> np.ndarray:
+    """ggml's ``best_index_int8(16, kvalues_iq4nl, v)`` element-wise, its binary search step by
+    step (so NaN ends at 15 and ties go up, as there): the index of the nearest value."""
+    ml = np.zeros(v.shape, np.int32)
+    mu = np.full(v.shape, 15, np.int32)
+    for _ in range(4):  # the search halves 0..15 in at most four steps
+        live = mu - ml > 1
+        mav = (ml + mu) // 2
+        lt = v < KVALUES_IQ4NL[mav]
+        mu = np.where(live & lt, mav, mu)
+        ml = np.where(live & ~lt, mav, ml)
+    out = np.where(v - KVALUES_IQ4NL[mu - 1] < KVALUES_IQ4NL[mu] - v, mu - 1, mu)
+    out = np.where(v >= KVALUES_IQ4NL[15], 15, out)
+    return np.where(v <= KVALUES_IQ4NL[0], 0, out)
+
+
+def iq4_scales(x: np.ndarray, w: np.ndarray, ntry: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The per-32 part of ``quantize_row_iq4_nl_impl`` for sub-block columns ``x`` [32, S] with
+    weights ``w`` [32, S]: (the first pass's codes [32, S], scale [S], empty [S]); ``ntry`` > 0
+    searches ``2 ntry + 1`` further scales (``quantize_iq4_nl`` / ``_xs``: 7), -1 none (the
+    reference ``quantize_row_iq4_nl_ref``, whose first scale also has the other sign)."""
+    n = x.shape[0]
+    amax, mx = _first_absmax(x)
+    empty = amax < _GROUP_MAX_EPS
+
+    def fit(inv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        L = _best_index_iq4(inv * x)
+        q = KVALUES_IQ4NL[L]
+        wq = w * q
+        return L, _seq_sum(lambda i: wq[i] * x[i], n), _seq_sum(lambda i: wq[i] * q[i], n)
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        d = (-mx) / F(-127) if ntry > 0 else mx / F(-127)
+        L, sumqx, sumq2 = fit(F(1) / d)
+        d = np.where(sumq2 > 0, sumqx / sumq2, F(0)).astype(F)
+        best = d * sumqx
+        for itry in range(-ntry, ntry + 1):
+            _, sumqx, sumq2 = fit(F(itry - 127) / mx)
+            win = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
+            d = np.where(win, sumqx / sumq2, d).astype(F)
+            best = np.where(win, d * sumqx, best).astype(F)
+    return L, np.where(empty, F(0), d).astype(F), empty
+
+
+def iq4_codes_bytes(L: np.ndarray) -> np.ndarray:
+    """Codes [nb, k] as ggml's IQ4 ``qs``: per 32, byte j holds element j (low nibble) and j + 16
+    (shared by the quantizers and the GGUF export)."""
+    q = L.reshape(L.shape[0], -1, 2, 16).astype(np.uint8)
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(L.shape[0], -1)
+
+
+def iq4_nl_pack(x: np.ndarray, L: np.ndarray, scale: np.ndarray, recompute: bool) -> np.ndarray:
+    """IQ4_NL blocks [nb, 18] from sub-block columns ``x`` [32, nb], the first pass's codes and
+    the scales: ``d`` F16, and (``recompute``: ntry > 0) the codes again at ``1 / scale``."""
+    if recompute:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            inv = np.where(scale != 0, F(1) / scale, F(0)).astype(F)
+            L = _best_index_iq4(inv * x)
+    out = np.empty((x.shape[1], 18), np.uint8)
+    _put16(out, 0, _f16(scale))
+    out[:, 2:] = iq4_codes_bytes(np.ascontiguousarray(L.T))
+    return out
+
+
+def iq4_xs_pack(x: np.ndarray, scales: np.ndarray, nb: int) -> np.ndarray:
+    """IQ4_XS blocks [nb, 136] from sub-block columns ``x`` [32, 8 nb] and their scales: the
+    6-bit sub-block scales of ``d = -max_scale / 32`` and the codes at each stored scale."""
+    sc = scales.reshape(nb, 8)
+    _, max_scale = _first_absmax(sc.T)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        d = (-max_scale) / F(32)
+        inv = np.where(d != 0, F(1) / d, F(0)).astype(F)
+        ls = _clip(_ni(inv[:, None] * sc), -32, 31)
+        dl = (d[:, None] * ls.astype(F)).reshape(-1)
+        idl = np.where(dl != 0, F(1) / dl, F(0)).astype(F)
+        L = _best_index_iq4(idl * x)
+    ls = (ls + 32).astype(np.uint16)
+    out = np.empty((nb, 136), np.uint8)
+    _put16(out, 0, _f16(d))
+    _put16(out, 2, np.bitwise_or.reduce((ls >> 4) << (2 * np.arange(8, dtype=np.uint16)), axis=1).astype(np.uint16))
+    out[:, 4:8] = ((ls[:, 0::2] & 0xF) | ((ls[:, 1::2] & 0xF) << 4)).astype(np.uint8)
+    out[:, 8:] = iq4_codes_bytes(_unsub(L, nb))
+    return out
+
+
+def _iq4_nl(xb: np.ndarray, ntry: int = 7) -> np.ndarray:
+    x = _sub(xb, 32)
+    L, scale, empty = iq4_scales(x, x * x, ntry)
+    if ntry <= 0 and empty.any():
+        # ggml leaves an empty block's codes as they were (uninitialised stack memory; within
+        # one call, the previous block's): the previous non-empty block's codes, 0 before any
+        idx = np.maximum.accumulate(np.where(empty, -1, np.arange(empty.size)))
+        L = np.where(idx >= 0, L[:, np.maximum(idx, 0)], 0)
+    return iq4_nl_pack(x, L, scale, ntry > 0)
+
+
+def _iq4_xs(xb: np.ndarray) -> np.ndarray:
+    x = _sub(xb, 32)
+    _, scales, _ = iq4_scales(x, x * x, 7)
+    return iq4_xs_pack(x, scales, xb.shape[0])
+
+
+def _lroundf(v: np.ndarray) -> np.ndarray:
+    """C's ``(int) lroundf(v)`` on x86-64: half away from zero (exact in float64); Inf and NaN
+    convert to LONG_MIN, whose low 32 bits are 0 (a block of magnitude below ~3e-39, where
+    ``1/d`` overflows; every value there decodes to 0)."""
+    v64 = v.astype(np.float64)
+    r = np.sign(v64) * np.floor(np.abs(v64) + 0.5)
+    return np.where(np.isfinite(r), r, 0).astype(np.int64).astype(np.int32)
+
+
+def _ternary_digits(xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(``lroundf(x / amax) + 1`` int32 [nb, 256], ``d`` F16 bits) of TQ1_0 / TQ2_0."""
+    amax = np.abs(xb).max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.where(amax != 0, F(1) / amax, F(0)).astype(F)
+        xi = _lroundf(xb * inv[:, None]) + 1
+    return xi, _f16(amax)
+
+
+def _base3(xi: np.ndarray, scale_first: bool = False) -> np.ndarray:
+    """Digits [..., k] (most significant first) as a uint8 ``q = q * 3 + xi`` (C's wrapping
+    store), then ggml's ceiling division ``(q * 256 + 242) / 243`` (``scale_first``: one more
+    ``q *= 3`` before it, TQ1_0's ``qh``)."""
+    q = np.zeros(xi.shape[:-1], np.int32)
+    for n in range(xi.shape[-1]):
+        q = (q * 3 + xi[..., n]) & 0xFF
+    if scale_first:
+        q = (q * 3) & 0xFF
+    return ((q * 256 + 242) // 243 & 0xFF).astype(np.uint8)
+
+
+def tq1_0_pack(xi: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """TQ1_0 blocks [nb, 54] from the digits ``xi`` (0, 1, 2 for -1, 0, +1; [nb, 256]) and ``d``
+    (F16 bits): five digits a byte in base 3 (``qs``), four in ``qh``, each byte ggml's ceiling
+    of ``q * 256 / 243`` (shared by the quantizer and the GGUF export)."""
+    nb = xi.shape[0]
+    out = np.empty((nb, 54), np.uint8)
+    out[:, :32] = _base3(xi[:, :160].reshape(nb, 5, 32).transpose(0, 2, 1))  # byte m: x[m + 32 n]
+    out[:, 32:48] = _base3(xi[:, 160:240].reshape(nb, 5, 16).transpose(0, 2, 1))  # byte m: x[160 + m + 16 n]
+    out[:, 48:52] = _base3(xi[:, 240:].reshape(nb, 4, 4).transpose(0, 2, 1), scale_first=True)  # byte j: x[240 + j + 4 m]
+    _put16(out, 52, d)
+    return out
+
+
+def tq2_0_pack(xi: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """TQ2_0 blocks [nb, 66] from 2-bit digits ``xi`` [nb, 256] (value + 1) and ``d`` (F16 bits)."""
+    out = np.empty((xi.shape[0], 66), np.uint8)
+    out[:, :64] = _two_bit_planes(xi & 3)
+    _put16(out, 64, d)
+    return out
+
+
+def _tq1_0(xb: np.ndarray) -> np.ndarray:
+    return tq1_0_pack(*_ternary_digits(xb))
+
+
+def _tq2_0(xb: np.ndarray) -> np.ndarray:
+    return tq2_0_pack(*_ternary_digits(xb))
+
+
+def quantize_iq4_nl_ref(x: np.ndarray) -> np.ndarray:
+    """ggml's ``quantize_row_iq4_nl_ref`` of one call over ``x`` (float32, a multiple of 32
+    elements): uint8 [blocks, 18].  llama-quantize does not use it (it calls ``quantize_iq4_nl``,
+    which searches 15 more scales: ``quantize_blocks(..., "IQ4_NL")``).  An all-zero block's codes
+    are C's uninitialised memory there; here they are the previous block's (what one call leaves
+    in its stack array), 0 for a leading one."""
+    xb = np.ascontiguousarray(x, F).reshape(-1, 32)
+    with np.errstate(all="ignore"):
+        return _iq4_nl(xb, -1)
+
+
 _QUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "Q4_0": lambda xb: _legacy(xb, 4, False), "Q4_1": lambda xb: _legacy(xb, 4, True),
     "Q5_0": lambda xb: _legacy(xb, 5, False), "Q5_1": lambda xb: _legacy(xb, 5, True), "Q8_0": _q8_0,
     "Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k,
+    "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "TQ1_0": _tq1_0, "TQ2_0": _tq2_0,
 }
-TYPES = tuple(_QUANTIZERS)
+#: The legacy and K types (those of the frozen llama-quantize fixture).
+TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+#: The non-linear and ternary types (in _ggml.c too, in its own section).
+NONLINEAR_TYPES = ("IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0")
+#: Every type :func:`quantize_blocks` writes.
+ALL_TYPES = TYPES + NONLINEAR_TYPES
 
 
 def quantize_blocks(xb: np.ndarray, type_name: str) -> np.ndarray:
-    """ggml's ``quantize_row_<type>_ref`` of float32 blocks ``xb`` [nb, block]: uint8 [nb, size].
+    """ggml's ``quantize_row_<type>_ref`` of float32 blocks ``xb`` [nb, block]: uint8 [nb, size]
+    (IQ4_NL: ``quantize_iq4_nl`` without importance, what llama-quantize writes; its
+    ``_ref`` is :func:`quantize_iq4_nl_ref`).
 
     Blocks whose largest magnitude is below about 1e-38 (every value decodes to 0 there) take
     their code bytes from C's conversion of Inf or NaN to an integer, which C leaves undefined;

@@ -6,7 +6,9 @@ of the type instead of ``quantize_row_<type>_ref``: every search is weighted by
 ``importance[j] * sqrt(sigma2 + x^2)`` (Q6_K: by the importance alone), Q4_1 / Q5_1 / the K
 types with minimums search scale and minimum by ``make_qkx3_quants``, and the K-quants choose
 their 6- or 4-bit sub-block scales by ``make_qp_quants`` (Q3_K: ``make_qx_quants``) weighted
-by each sub-block's total weight.  Q8_0 ignores the importance (``quantize_q8_0`` does).
+by each sub-block's total weight; IQ4_NL / IQ4_XS weigh their scale search by
+``importance[j] * sqrt(sigma2 + x^2)`` (``sigma2``: twice the mean square of the 32 or 256
+elements).  Q8_0, TQ1_0 and TQ2_0 ignore the importance (their ``quantize_<type>`` do).
 
 This module computes the same bytes as those functions (llama.cpp ``ggml/src/ggml-quants.c``;
 the code is written here), under the rules :mod:`.ggml_blocks` states: one binary32 operation
@@ -24,6 +26,7 @@ import numpy as np
 
 from .ggml_blocks import (F, QK_K, SIZES, _GROUP_MAX_EPS, _f16, _f32, _make_qkx2, _make_qx, _ni, _put16, _q8_0, _requant,
                           _seq_sum, _sub, _unsub, legacy_pack, q2_k_tail, q3_k_tail, q4_k_pack, q5_k_pack, q6_k_tail)
+from .ggml_blocks import _QUANTIZERS, iq4_nl_pack, iq4_scales, iq4_xs_pack
 
 #: make_qkx3_quants' search, the same for every type that uses it (rmin, rdelta, nstep).
 _QKX3 = (-0.9, 0.05, 36)
@@ -191,11 +194,22 @@ def _q6_k_w(xb: np.ndarray, qw: np.ndarray) -> np.ndarray:
     return q6_k_tail(x, L, scales, nb)
 
 
+def _iq4_w(xb: np.ndarray, qw: np.ndarray, xs: bool) -> np.ndarray:
+    """``quantize_iq4_nl`` / ``quantize_iq4_xs`` with weights: ``sigma2`` is ``sum(x^2) * (2 /
+    super-block)`` (C's order: the sum, then one product), over each block (IQ4_NL: 32; IQ4_XS: 256)."""
+    xt = np.ascontiguousarray(xb.T)
+    sigma2 = _seq_sum(lambda j: xt[j] * xt[j], xt.shape[0]) * F(2.0 / xb.shape[1])
+    x = _sub(xb, 32)
+    w = _sub(_weights(xb, qw, sigma2), 32)
+    L, scales, _ = iq4_scales(x, w, 7)
+    return iq4_xs_pack(x, scales, xb.shape[0]) if xs else iq4_nl_pack(x, L, scales, True)
+
+
 def quantize_rows_weighted(rows: np.ndarray, type_name: str, importance: np.ndarray) -> np.ndarray:
     """``quantize_<type>`` of float32 ``rows`` [r, n] with the importance vector ``importance``
     [n] (llama-quantize's per-column imatrix values): uint8 [r, n / block * size], the bytes
     ggml's ``quantize_row_<type>_impl`` writes (Q8_0: its reference quantizer, which ignores
-    the importance)."""
+    the importance; so do TQ1_0 and TQ2_0, whose ``quantize_tq*`` ignore it)."""
     block, size = SIZES[type_name]
     rows = np.ascontiguousarray(rows, F)
     r, n = rows.shape
@@ -203,6 +217,10 @@ def quantize_rows_weighted(rows: np.ndarray, type_name: str, importance: np.ndar
     with np.errstate(all="ignore"):
         if type_name == "Q8_0":
             out = _q8_0(rows.reshape(-1, 32))
+        elif type_name in ("TQ1_0", "TQ2_0"):
+            out = _QUANTIZERS[type_name](rows.reshape(-1, QK_K))
+        elif type_name in ("IQ4_NL", "IQ4_XS"):
+            out = _iq4_w(rows.reshape(-1, block), np.ascontiguousarray(np.tile(qw.reshape(-1, block), (r, 1))), type_name == "IQ4_XS")
         elif block == 32:
             out = _legacy_w(rows, qw, 5 if type_name.startswith("Q5") else 4, type_name.endswith("_1"))
         else:

@@ -10,7 +10,10 @@ block scales and minimums, and for the K-quants the nested 4/6/8-bit sub-block s
 them as gguf-py and llama.cpp do.
 
 Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (super-blocks
-of 256); the last axis must be a multiple of the block.  The input is rounded to binary32 first
+of 256), and the non-linear IQ4_NL (32) and IQ4_XS (256) and ternary TQ1_0, TQ2_0 (256), whose
+blocks are those of ggml's ``quantize_iq4_nl`` / ``quantize_iq4_xs`` / ``quantize_row_tq*_ref``
+(what llama-quantize calls) and whose descriptors are ``qformat convert``'s for them
+(:mod:`qformat.convert.gguf_codes`); the last axis must be a multiple of the block.  The input is rounded to binary32 first
 (float16 and bfloat16 are exact there; float64 rounds once), as llama.cpp reads its source.
 
 ``importance`` (optional): the tensor's importance vector, one value per column (what
@@ -22,6 +25,7 @@ as ggml does.  It shapes the choice of codes only: the descriptor is the same.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -31,13 +35,14 @@ from .. import kernels
 from ..errors import error
 from ..qtensor import QTensor, rename_references
 from ._common import check_choice, map_chunks
-from .ggml_blocks import SIZES, TYPES, quantize_blocks
+from .ggml_blocks import ALL_TYPES, SIZES, TYPES, quantize_blocks
 from .ggml_weighted import quantize_rows_weighted
 from .registry import Planned, register
 
 #: ggml type ids (ggml.h's ``enum ggml_type``) of the types this scheme writes.
 TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
-            "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+            "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
+            "IQ4_NL": 20, "IQ4_XS": 23, "TQ1_0": 34, "TQ2_0": 35}
 #: Elements a worker quantizes per call (bounds the temporaries: about 20 float32 arrays of it).
 CHUNK_ELEMENTS = 1 << 18
 _PREFIX = "t"
@@ -48,7 +53,7 @@ MAX_MAGNITUDE = 2.0**63
 
 
 def _check(shape: tuple[int, ...], type_name: Any) -> str:
-    t = check_choice("type", type_name, TYPES)
+    t = check_choice("type", type_name, ALL_TYPES)
     block = SIZES[t][0]
     if len(shape) < 1 or shape[-1] % block:
         found = f"shape {list(shape)}" if shape else "a scalar"
@@ -60,13 +65,21 @@ def _check(shape: tuple[int, ...], type_name: Any) -> str:
 def _described(shape: tuple[int, ...], t: str, blocks: np.ndarray | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(descriptor, lazy components by local name) of ``blocks`` as qformat convert describes a
     GGUF tensor of type ``t`` (``blocks`` None: planning, from the shape alone)."""
+    from ..convert import gguf_codes
     from ..convert.base import Described  # the converter imports this package's helpers
-    from ..convert.gguf import _describe
+    from ..convert.gguf import _describe, _grid, lazy
     from ..convert.gguf_file import TensorInfo
 
     out = Described()
     info = TensorInfo(_PREFIX, shape, TYPE_IDS[t], 0, 0, 0)
-    _describe(out, info, (lambda: blocks) if blocks is not None else None)
+    if TYPE_IDS[t] in gguf_codes.TYPES:  # IQ4_NL, IQ4_XS, TQ1_0, TQ2_0: codes computed from the blocks
+        if blocks is None:  # planning: the descriptor reads only whether the F16 d are finite (zeros are)
+            size = SIZES[t][1] * (math.prod(shape) // SIZES[t][0])
+            gguf_codes.describe(out, info, lambda: np.zeros(size, np.uint8), _grid, lazy)
+        else:
+            gguf_codes.describe(out, info, lambda: blocks, _grid, lazy)
+    else:
+        _describe(out, info, (lambda: blocks) if blocks is not None else None)
     desc = out.descriptors[_PREFIX]
     local = {name: name[len(_PREFIX) + 1:] for name in out.added}
     desc = rename_references(desc, lambda n: local[n])
@@ -75,15 +88,37 @@ def _described(shape: tuple[int, ...], t: str, blocks: np.ndarray | None) -> tup
     return desc, comps
 
 
+@functools.lru_cache(maxsize=None)
+def _native_has(t: str) -> bool:
+    """Whether the built ``_ggml`` extension quantizes type ``t`` (the legacy and K types always;
+    IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 since issue 42: an extension built before refuses them, and the
+    NumPy path, which gives the same bytes, runs)."""
+    if t in TYPES:
+        return True
+    block, size = SIZES[t]
+    try:
+        kernels.ggml_quantize(t, np.zeros(block, np.float32), np.empty(size, np.uint8))
+    except ValueError:
+        return False
+    return True
+
+
 def _check_finite(blocks: np.ndarray, t: str, shape: tuple[int, ...]) -> None:
     """ENCODE_INPUT_INVALID when a block's F16 ``d`` / ``m`` / ``dmin`` overflowed (values
     beyond what the type's F16 parameters can scale; ggml would write Inf there and its own
     validation of the file refuse it)."""
+    from ..convert import gguf_codes
     from ..convert.gguf import TYPES as LAYOUTS
 
-    spec = LAYOUTS[TYPE_IDS[t]]
-    for off in (o for o in (spec.d, spec.m, spec.dmin) if o is not None):
-        bits = blocks[:, off].astype(np.uint16) | (blocks[:, off + 1].astype(np.uint16) << 8)
+    if TYPE_IDS[t] in gguf_codes.TYPES:
+        d_of = gguf_codes.TYPES[TYPE_IDS[t]].d
+        assert d_of is not None
+        params = [d_of(blocks).view(np.uint16)]
+    else:
+        spec = LAYOUTS[TYPE_IDS[t]]
+        params = [blocks[:, o].astype(np.uint16) | (blocks[:, o + 1].astype(np.uint16) << 8)
+                  for o in (spec.d, spec.m, spec.dmin) if o is not None]
+    for bits in params:
         bad = np.flatnonzero((bits & 0x7C00) == 0x7C00)
         if bad.size:
             block = SIZES[t][0]
@@ -144,7 +179,8 @@ def encode(x: np.ndarray, *, dtype: str, type: Any = "Q4_K", importance: Any = N
     def part(lo: int, hi: int) -> None:
         if hi == lo or per_row == 0:
             return
-        if qw is None and kernels.ggml_available() and rows.dtype.name in ("float32", "float16", "bfloat16"):
+        native = kernels.ggml_available() and _native_has(t)
+        if qw is None and native and rows.dtype.name in ("float32", "float16", "bfloat16"):
             # the C kernel reads float16 / bfloat16 rows as stored (exact in binary32) and
             # returns their largest magnitude: one pass over the source, no float32 copy
             too_large(kernels.ggml_quantize(t, np.ascontiguousarray(rows[lo:hi]), blocks[lo:hi]))
@@ -156,12 +192,12 @@ def encode(x: np.ndarray, *, dtype: str, type: Any = "Q4_K", importance: Any = N
             while a < hi:  # the rows of one expert at a time, each expert with its vector
                 b = min(hi, (a // per_expert + 1) * per_expert)
                 w, xs = qw[a // per_expert], np.ascontiguousarray(xr[a - lo:b - lo])
-                if kernels.ggml_available():
+                if native:
                     kernels.ggml_quantize_weighted(t, xs, w, blocks[a:b])
                 else:
                     blocks[a:b] = quantize_rows_weighted(xs, t, w)
                 a = b
-        elif kernels.ggml_available():  # the same bytes, about 3-40x faster (bench/)
+        elif native:  # the same bytes, about 3-40x faster (bench/)
             kernels.ggml_quantize(t, np.ascontiguousarray(xr), blocks[lo:hi])
         else:
             blocks[lo:hi] = quantize_blocks(xr.reshape(-1, block), t).reshape(hi - lo, per_row)

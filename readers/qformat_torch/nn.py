@@ -73,10 +73,19 @@ class QLinear(nn.Module):
     - ``stream``: on the decode path, run ``F.linear`` per chunk of output rows, so no more than
       chunk x in_features of the weight ever exists; torch's GEMMs may round a row block's
       outputs differently from a single F.linear (bfloat16 with many tokens), so it is opt-in.
+    - ``prepare``: pick the path and repack the weight for it now (True, the default), or when
+      the layer is first used (False: the first forward, ``kernel_path``, ``kernel_tensors``,
+      ``kernel_nbytes``).  ``from_pretrained`` through qformat.transformers builds its layers
+      with False, so loading does not unpack codes or scan weight ranges for layers (or
+      processes) that never run them.
+
+    The path always follows the current policy (the layer's ``kernel``, else the process
+    policy), device and buffers: ``kernel_path`` and ``forward`` re-select when any changed.
     """
 
     def __init__(self, weight: TorchQTensor | qformat.QTensor, bias: torch.Tensor | None = None, device: Any = None, *,
-                 kernel: str | None = None, cache: bool = False, chunk_rows: int | None = None, stream: bool = False):
+                 kernel: str | None = None, cache: bool = False, chunk_rows: int | None = None, stream: bool = False,
+                 prepare: bool = True):
         super().__init__()
         if kernel is not None and kernel not in kernels.POLICIES:
             raise ValueError(f"kernel must be one of {kernels.POLICIES} or None, found {kernel!r}")
@@ -102,11 +111,12 @@ class QLinear(nn.Module):
         else:
             self.bias = bias if isinstance(bias, nn.Parameter) else nn.Parameter(bias.detach(), requires_grad=False)
         self.kernel, self.cache, self.chunk_rows, self.stream = kernel, bool(cache), chunk_rows, bool(stream)
-        self._native: kernels.Prepared | None = None  # not a buffer: state_dict holds only the qformat components
-        self._native_key: tuple[Any, ...] | None = None
+        self._prepared: kernels.Prepared | None = None  # not a buffer: state_dict holds only the qformat components
+        self._native_key: tuple[Any, ...] | None = None  # None: not prepared yet
         self._decoded: dict[torch.dtype, torch.Tensor] = {}
         self.register_load_state_dict_post_hook(_reselect_after_load)
-        self._select_kernel()
+        if prepare:
+            self._select_kernel()
 
     # -- kernel selection ----------------------------------------------------------------------
     def _kernel_key(self) -> tuple[Any, ...]:
@@ -119,16 +129,16 @@ class QLinear(nn.Module):
         """Pick the forward path and repack the weight for it (at construction, after a move or a
         load, or when the policy changed)."""
         key = self._kernel_key()
-        self._native = None  # drop the old repacked copy first
+        self._prepared = None  # drop the old repacked copy first
         self._decoded.clear()
-        self._native = kernels.select(self._parsed, self.component_tensors(), key[1], key[0]) if self._components else None
+        self._prepared = kernels.select(self._parsed, self.component_tensors(), key[1], key[0]) if self._components else None
         self._native_key = key
-        if self._native is not None:
+        if self._prepared is not None:
             # The kernel holds its own copy: components that are views of a mapped file (as
             # from_pretrained loads them) give their pages back; state_dict, a save or the decode
             # path read them from the file again, byte for byte.
             # A component the kernel reads in place (its codes, shared) keeps its pages.
-            shared = {t.untyped_storage().data_ptr() for t in self._native.tensors.values() if t.device.type == "cpu"}
+            shared = {t.untyped_storage().data_ptr() for t in self._prepared.tensors.values() if t.device.type == "cpu"}
             for bname, _ in self._components.values():
                 buf = getattr(self, bname)
                 if buf.untyped_storage().data_ptr() not in shared:
@@ -137,14 +147,24 @@ class QLinear(nn.Module):
 
     def _apply(self, fn: Any, recurse: bool = True) -> "QLinear":  # .to(), .cuda(), .half(), ...
         out = super()._apply(fn, recurse)
-        if self._native_key != self._kernel_key():
-            self._select_kernel()
+        if self._native_key is not None and self._native_key != self._kernel_key():
+            self._select_kernel()  # prepared before: prepared again now (a layer not yet used waits for its first use)
         return out
 
     @property
+    def _native(self) -> kernels.Prepared | None:
+        """The prepared native kernel (None: the decode path), for the current policy, device and
+        buffers: selected (again) here when any changed or the layer was never prepared."""
+        if self._native_key != self._kernel_key():
+            self._select_kernel()
+        return self._prepared
+
+    @property
     def kernel_path(self) -> str:
-        """The name of the native kernel path this layer runs for its kernel's input dtype, or "decode"."""
-        return self._native.path.name if self._native is not None else "decode"
+        """The name of the native kernel path this layer runs for its kernel's input dtype, or
+        "decode": for the policy in force now (a changed policy re-selects, as forward does)."""
+        nat = self._native
+        return nat.path.name if nat is not None else "decode"
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scheme: str, **params: Any) -> "QLinear":
@@ -183,11 +203,9 @@ class QLinear(nn.Module):
     def _forward(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """``x W^T (+ b)`` on the selected path; the row-parallel layer of
         :mod:`qformat_torch.distributed` passes ``b=None`` and adds its bias after the all-reduce."""
-        if self._native_key != self._kernel_key():
-            self._select_kernel()
+        nat = self._native  # (re)selected here when the policy, device or buffers changed
         if b is not None and b.dtype != x.dtype:
             b = b.to(x.dtype)
-        nat = self._native
         # the kernels have no backward: an input that needs a gradient takes the decode path
         if (nat is not None and x.dtype in nat.path.dtypes and x.device == nat.device and x.shape[-1] == self.in_features
                 and not (x.requires_grad and torch.is_grad_enabled())):
@@ -233,8 +251,10 @@ class QLinear(nn.Module):
 
     def extra_repr(self) -> str:
         scheme = self.descriptor.get("scheme", "?")
+        # printing a model does not prepare its layers: one never used says so
+        path = self.kernel_path if self._native_key is not None else "chosen at first use"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"scheme={scheme}, dtype={self.descriptor['dtype']}, packed_bytes={self.packed_nbytes}, kernel={self.kernel_path}")
+                f"scheme={scheme}, dtype={self.descriptor['dtype']}, packed_bytes={self.packed_nbytes}, kernel={path}")
 
 
 def local_component_names(qt: TorchQTensor, key: str) -> TorchQTensor:
@@ -245,7 +265,8 @@ def local_component_names(qt: TorchQTensor, key: str) -> TorchQTensor:
 
 
 def _reselect_after_load(module: QLinear, _keys: Any) -> None:
-    module._select_kernel()  # the buffers were overwritten in place: repack the kernel's copy
+    if module._native_key is not None:  # a layer not prepared yet reads the new bytes at its first use
+        module._select_kernel()  # the buffers were overwritten in place: repack the kernel's copy
 
 
 def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:

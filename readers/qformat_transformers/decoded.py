@@ -17,6 +17,7 @@ import copy
 import re
 from typing import Any
 
+import numpy as np
 import torch
 from transformers.core_model_loading import ConversionOps, WeightConverter
 
@@ -63,7 +64,7 @@ class QFormatDecode(ConversionOps):
             absent = sorted(set(self.components.values()) - set(comps))
             if absent:
                 raise error("COMPONENT_MISSING", f"component {absent[0]!r} did not reach the decoder")
-            value = TorchQTensor(self.descriptor, comps).dequantize()
+            value = _decode(self.descriptor, comps)
         except QFormatError as e:
             self.errors.append(error(e.code, e.message, tensor=self.logical, field=e.field))
             return {}
@@ -72,6 +73,36 @@ class QFormatDecode(ConversionOps):
         for t in comps.values():
             release_file_pages(t)  # pages of transformers' mmap of the checkpoint
         return {full_layer_name or self.logical: value}
+
+
+def _numpy_view(t: torch.Tensor) -> Any:
+    """A NumPy view (no copy) of a contiguous CPU tensor in its storage dtype, else None."""
+    from qformat import dtypes as qdtypes
+    from qformat_torch.dtypes import int_view_dtype, storage_name
+
+    if t.device.type != "cpu" or not t.is_contiguous() or t.dtype is torch.bool or t.numel() == 0:
+        return None
+    npdt = qdtypes.storage_numpy(storage_name(t.dtype))
+    if npdt is None or npdt.itemsize != t.element_size():
+        return None
+    return t.view(int_view_dtype(t.element_size())).numpy().view(npdt)
+
+
+def _decode(descriptor: dict[str, Any], comps: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The logical tensor of ``comps``: on the CPU by the core's decoder over views of the
+    components (its native kernels: 6x faster than the torch decoder on Gemma 3's 262144 x 640
+    Q8_0 embedding, and the same bits: the two decoders are held bit-identical by the
+    differential tests), elsewhere by the torch decoder on the components' device."""
+    import qformat
+    from qformat_torch.dtypes import numpy_to_torch
+
+    views = {k: _numpy_view(t) for k, t in comps.items()}
+    if any(v is None for v in views.values()):
+        return TorchQTensor(descriptor, comps).dequantize()
+    out = qformat.QTensor(descriptor, views).dequantize()
+    if out.dtype in (np.float32, np.float16, np.float64) and out.flags.c_contiguous:
+        return torch.from_numpy(out)  # a fresh array of its own: no copy
+    return numpy_to_torch(out, "cpu")
 
 
 class DecodeConverter(WeightConverter):

@@ -16,7 +16,11 @@ Everything model-specific is transformers' own, so the folder loads as
 * the per-architecture fix-ups of its tensor processors.  A processor that reorders rows
   (llama.cpp's rotary permutation of q/k, undone for ``llama``) is found by running it on the
   row numbers, and applied to the packed components as a move of whole rows, which is exact
-  (:func:`qformat.slicing.row_components`); a processor that changes values (Gemma's
+  (:func:`qformat.slicing.row_components`); one that reshapes by the real width (Bloom's fused
+  q/k/v regrouped per head) is run on every element's number instead and taken when it only
+  moves whole rows; one that transposes a 2-D tensor (GPT-2's ``Conv1D`` weights) transposes a
+  plain tensor as it is copied and gives a packed one the descriptor of its transpose over the
+  same components (:class:`TransposedMove`); a processor that changes values (Gemma's
   ``norm - 1``) is applied to plain tensors as transformers applies it (binary32) and refused
   for a quantized one.
 
@@ -58,7 +62,14 @@ from . import gguf_hparams
 
 #: GGUF architectures transformers' GGUF loader merges or splits tensors of (MoE experts, fused
 #: layouts): the packed components cannot follow those operations yet.
-MERGED_ARCHITECTURES = ("qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2", "bloom", "t5", "t5encoder", "mamba", "lfm2")
+MERGED_ARCHITECTURES = ("qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2", "t5", "t5encoder", "mamba", "lfm2")
+#: GGUF architectures whose llama.cpp files transformers' GGUF loader builds a different model
+#: from (a hyperparameter it does not read, so a class default), with why: refused by name.
+MISREAD_ARCHITECTURES: dict[str, str] = {
+    "falcon": "llama.cpp writes its layer norm epsilon as falcon.attention.layer_norm_epsilon, which transformers' GGUF "
+              "loader does not read (it maps only layer_norm_rms_epsilon), so it would build FalconConfig's default; and it "
+              "does not undo llama.cpp's regrouped query_key_value (the \"jploski\" layout) for more than one KV head",
+}
 #: The probe row values: far from 0 and fractional, so that a processor changing values is
 #: never mistaken for one moving rows.
 _PROBE = 1000.5
@@ -100,6 +111,8 @@ def _check_architecture(arch: str) -> None:
     from transformers.integrations.gguf.utils import is_gguf_arch_supported
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
+    if arch in MISREAD_ARCHITECTURES:
+        raise error("CONVERT_UNSUPPORTED", f"GGUF architecture {arch!r}: {MISREAD_ARCHITECTURES[arch]}", field="general.architecture")
     if arch in MERGED_ARCHITECTURES or arch.replace("-", "_") in MERGED_ARCHITECTURES:
         raise error("CONVERT_UNSUPPORTED", f"GGUF architecture {arch!r}: transformers merges or splits its tensors when it loads them "
                     "(experts, fused projections), which packed components cannot follow; convert to the gguf layout "
@@ -247,8 +260,9 @@ def _processor_move(processor: Any, gname: str, shape: tuple[int, ...], quantize
         res = processor.process(weights=probe, name=gname)
         out = np.asarray(res.weights)
         renamed = res.name != gname
-    except Exception:  # a processor that needs the real data (its shapes): not a row move
-        return None, True
+    except Exception:  # a processor that needs the real data (its shapes): try it on the full shape
+        rows = _processor_rows_2d(processor, gname, shape)
+        return (rows, False) if rows is not None else (None, True)
     if renamed:
         raise error("CONVERT_UNSUPPORTED", f"transformers' GGUF loader renames this tensor to {res.name!r} while it loads it", tensor=gname)
     if out is probe or (out.shape == probe.shape and np.array_equal(out, probe)):
@@ -257,6 +271,71 @@ def _processor_move(processor: Any, gname: str, shape: tuple[int, ...], quantize
     if out.shape == probe.shape and np.array_equal(np.sort(flat), probe.reshape(-1)):
         return (flat - _PROBE).astype(np.int64), False
     return None, True
+
+
+def _processor_rows_2d(processor: Any, gname: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The row order of a processor that reshapes a 2-D tensor by its real width (Bloom's fused
+    q/k/v, regrouped per head), found by running it on every element's own number: None unless
+    every output row is a whole input row."""
+    if len(shape) != 2 or not shape[0] or not shape[1]:
+        return None
+    probe = np.arange(shape[0] * shape[1], dtype=np.float64).reshape(shape) + _PROBE
+    try:
+        res = processor.process(weights=probe, name=gname)
+    except Exception:  # noqa: BLE001 - not a move of rows
+        return None
+    out = np.asarray(res.weights)
+    if res.name != gname or out.shape != probe.shape:
+        return None
+    rows = ((out[:, 0] - _PROBE) // shape[1]).astype(np.int64)
+    if np.array_equal(np.sort(rows), np.arange(shape[0])) and np.array_equal(out, probe[rows]):
+        return rows
+    return None
+
+
+def _processor_transposes(processor: Any, gname: str, shape: tuple[int, ...]) -> bool:
+    """Whether the processor's change to this 2-D tensor is exactly a transpose (GPT-2's
+    ``Conv1D`` weights): run on every element's own number, it gives their transpose."""
+    if len(shape) != 2:
+        return False
+    probe = np.arange(shape[0] * shape[1], dtype=np.float64).reshape(shape) + _PROBE
+    try:
+        res = processor.process(weights=probe, name=gname)
+    except Exception:  # noqa: BLE001 - a processor that needs the real data: not a transpose
+        return False
+    out = np.asarray(res.weights)
+    return res.name == gname and out.shape == probe.shape[::-1] and np.array_equal(out, probe.T)
+
+
+@dataclass(frozen=True)
+class TransposedMove(Move):
+    """A move whose tensor transformers takes as the transpose of the GGUF's (GPT-2's ``Conv1D``
+    weights, ``[in, out]``, where llama.cpp stores ``[out, in]``): a plain tensor is transposed
+    by its value function (its dtype kept); a quantized one keeps its packed components and
+    gets the descriptor of the transpose (:func:`_transpose_packed`)."""
+
+
+def _transposed_move(described: Any, gname: str, hf: str, shape: tuple[int, ...], quantized: bool) -> TransposedMove:
+    if quantized:
+        return TransposedMove(hf)
+    dtype = described.plain.info(gname).dtype  # kept: a transpose changes no value
+    return TransposedMove(hf, None, lambda a: np.ascontiguousarray(np.asarray(a).T), (dtype, (shape[1], shape[0])))
+
+
+def _transpose_packed(out: Any, moves: dict[str, Move]) -> None:
+    """Give each quantized tensor of a :class:`TransposedMove` in ``out`` (what :func:`relayout`
+    made) the descriptor of its transpose over the same components
+    (:func:`qformat.architectures.base.transposed_descriptor`: nothing re-encoded); one that
+    has no such description is refused by name."""
+    from qformat.architectures.base import transposed_descriptor
+
+    for gname, mv in moves.items():
+        if isinstance(mv, TransposedMove) and mv.name in out.descriptors:
+            try:
+                out.descriptors[mv.name] = transposed_descriptor(out.descriptors[mv.name])
+            except ValueError as e:
+                raise error("CONVERT_UNSUPPORTED", f"transformers takes this tensor transposed, and its packed form cannot be "
+                            f"described transposed ({e})", tensor=gname) from None
 
 
 def _values_fn(processor: Any, gname: str) -> Any:
@@ -299,11 +378,19 @@ def plan_moves(described: Any, config: Any, parsed_config: dict[str, Any], arch:
         # q/k permutation by head count) fails, which would read as "changes the values"
         if hf not in expected:
             raise error("CONVERT_SOURCE_INVALID", f"the model built from the GGUF hyperparameters has no parameter {hf!r}", tensor=gname)
+        quantized = gname in described.descriptors
+        # a transpose (GPT-2's Conv1D weights) swaps the shape (or keeps a square one, found below
+        # once the row probe sees a change): a move of its own, exact for plain and packed tensors
+        if expected[hf] != shape and len(shape) == 2 and expected[hf] == shape[::-1] and _processor_transposes(processor, gname, shape):
+            moves[gname] = _transposed_move(described, gname, hf, shape, quantized)
+            continue
         if expected[hf] != shape:
             raise error("CONVERT_SOURCE_INVALID", f"the tensor has shape {list(shape)}; the model built from the GGUF hyperparameters "
                         f"({type(model).__name__}) expects {list(expected[hf])} for {hf!r}", tensor=gname)
-        quantized = gname in described.descriptors
         rows, changes = _processor_move(processor, gname, shape, quantized)
+        if changes and len(shape) == 2 and shape[0] == shape[1] and _processor_transposes(processor, gname, shape):
+            moves[gname] = _transposed_move(described, gname, hf, shape, quantized)
+            continue
         if changes and quantized:
             raise error("CONVERT_UNSUPPORTED", f"transformers changes this tensor's values when it loads it ({type(processor).__name__}), "
                         "which a packed tensor cannot follow exactly", tensor=gname)
@@ -347,7 +434,12 @@ def check_table(arch: str, moves: dict[str, Move], config: dict[str, Any], descr
         rows_ok = (mv.rows is None and want_rows is None) or (mv.rows is not None and want_rows is not None
                                                                 and np.array_equal(np.asarray(mv.rows), want_rows))
         shifted = table.shift(mv.name) != 0.0
-        if not rows_ok or shifted != (mv.values is not None):
+        flipped = isinstance(mv, TransposedMove)
+        if flipped != table.transposes(mv.name):
+            raise error("CONVERT_UNSUPPORTED", f"transformers' GGUF loader {'transposes' if flipped else 'keeps'} {mv.name!r}, which "
+                        f"qformat's {arch} table {'keeps' if flipped else 'transposes'}: the folder's export would not give back the GGUF",
+                        tensor=gname)
+        if not rows_ok or shifted != (mv.values is not None and not flipped):
             raise error("CONVERT_UNSUPPORTED", f"transformers' GGUF loader {'reorders' if not rows_ok else 'changes'} {mv.name!r} "
                         f"differently from qformat's {arch} table (rows {'moved' if mv.rows is not None else 'kept'}, values "
                         f"{'changed' if mv.values is not None else 'kept'}): the folder's export would not give back the GGUF", tensor=gname)
@@ -358,11 +450,13 @@ def convert_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], overw
     """Convert the GGUF model file ``src`` into the Hugging Face model folder ``dst`` (see the
     module docstring).  Nothing is written unless everything is planned and checked first; the
     folder is built beside ``dst`` and moved into place at the end."""
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from .gguf_parse import parsed_once
 
     from qformat import convert as cv
     from qformat.checkpoint.source import Checkpoint
+    from qformat.convert.gguf import METADATA_KEY
     from qformat.convert.writer import write
 
     ck = Checkpoint(src)
@@ -376,18 +470,32 @@ def convert_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], overw
         raise error("CONVERT_SOURCE_INVALID", "the GGUF has no general.architecture", field="general.architecture")
     _check_architecture(arch)
     shapes = _shapes(described)
-    gguf_hparams.check(arch, gguf_hparams.read_kv(described), shapes)
+    all_kv = gguf_hparams.read_kv(described)
+    gguf_hparams.check(arch, all_kv, shapes)
     folder, name = os.path.dirname(path), os.path.basename(path)
-    with _building("the model config from this GGUF's metadata", field="general.architecture"):
-        parsed = load_gguf_checkpoint(path, return_tensors=False)
-        # what AutoConfig.from_pretrained(folder, gguf_file=name) builds, without a second parse
-        # of the GGUF metadata (gguf-py's reader takes seconds per 100k-token vocabulary)
-        config = CONFIG_MAPPING[parsed["config"]["model_type"]].from_dict(dict(parsed["config"]))
-    moves, permuted, left_out, model_cls = plan_moves(described, config, parsed["config"], arch, shapes)
-    check_table(arch, moves, config.to_dict(), described)
-    config.architectures = [model_cls.__name__]
-    files = _model_files(folder, name, config, described)
+    record = json.loads(described.metadata[METADATA_KEY])
+    # One parse of the GGUF (the core's, above): transformers' load_gguf_checkpoint, here and
+    # inside AutoTokenizer.from_pretrained(gguf_file=), reads the key/values already parsed
+    # instead of parsing the file again with gguf-py (seconds per 100k-token vocabulary, twice)
+    with parsed_once(path, all_kv, [t[0] for t in record["tensors"]], record["version"]) as load_gguf_checkpoint:
+        with _building("the model config from this GGUF's metadata", field="general.architecture"):
+            parsed = load_gguf_checkpoint(path, return_tensors=False)
+            # what AutoConfig.from_pretrained(folder, gguf_file=name) builds
+            config = CONFIG_MAPPING[parsed["config"]["model_type"]].from_dict(dict(parsed["config"]))
+        moves, permuted, left_out, model_cls = plan_moves(described, config, parsed["config"], arch, shapes)
+        check_table(arch, moves, config.to_dict(), described)
+        config.architectures = [model_cls.__name__]
+        files = _model_files(folder, name, config, described)
+    # the tokenizers and the meta model are gone: give their heap back before the weights are
+    # written, so the write's working set is not added on top of theirs
+    import gc
+
+    from qformat_torch.kernels import trim_heap
+
+    gc.collect()
+    trim_heap()
     out = relayout(described, moves)
+    _transpose_packed(out, moves)
     # The GGUF key/values and tensor list stay in __metadata__ (``gguf`` and its ``gguf.kv.*``
     # members, as the single-file conversion records them): config.json and the tokenizer files
     # are transformers' reading of them, and `qformat export --to gguf` writes the original keys

@@ -30,7 +30,10 @@ checkpoint is compared with the model as in step 2.
 
 ``save_pretrained`` writes each QLinear as a qformat logical tensor ``<module>.weight`` with
 its components under ``<module>.weight.<component>`` (what ``qformat quantize`` writes) and the
-descriptors in the file's ``__metadata__``.  transformers writes that one ``__metadata__`` into
+descriptors in the file's ``__metadata__``; a tensor the loader decoded (an embedding, a norm)
+that still holds exactly what was decoded goes back in its scheme, over the source file's own
+component bytes (a Q8_0 embedding stays Q8_0), and a folder converted from a GGUF keeps its
+GGUF record (``gguf``/``gguf.kv.*``), so the save exports as the folder does.  transformers writes that one ``__metadata__`` into
 every shard of a sharded save, so a model loaded through qformat gets its own ``save_pretrained``
 (:func:`qformat_transformers.saving.save_pretrained`), which rewrites a sharded save into shards that are each complete
 qformat files (SPEC §14), and refuses a sharded ``push_to_hub`` before writing.
@@ -88,6 +91,18 @@ class Quantized:
     descriptor: dict[str, Any]  # JSON, as stored
     shape: tuple[int, ...]
     components: dict[str, tuple[str, tuple[int, ...]]]  # stored name -> (storage dtype, shape)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` (same dtype and shape) hold the same bits (NaNs and signed zeros included)."""
+    from qformat_torch.dtypes import int_view_dtype
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype is torch.bool or a.element_size() not in (1, 2, 4, 8):
+        return bool(torch.equal(a, b))
+    dt = int_view_dtype(a.element_size())
+    return bool(torch.equal(a.contiguous().view(dt), b.contiguous().view(dt)))
 
 
 class PendingQLinear(nn.Module):
@@ -256,6 +271,11 @@ class QFormatHfQuantizer(HfQuantizer):
         self.planned: dict[str, Planned] = {}  # model module path -> plan
         self.mirror_keys: set[str] = set()
         self.decoded: list[Quantized] = []  # decoded into an entry by the loader (DecodeConverter)
+        self.decoded_entries: dict[str, Quantized] = {}  # model entry -> the decoded tensor it holds (kept in its scheme on save)
+        #: The GGUF record of a folder ``qformat convert`` made from a GGUF (``__metadata__`` members
+        #: ``gguf`` and ``gguf.kv.*``), carried into what save_pretrained writes, so that the save
+        #: exports to the GGUF's own key/values as the folder does.
+        self.source_metadata: dict[str, str] = {}
         self.to_quantize: dict[str, tuple[str, Any, str]] = {}  # model weight name -> (ckpt name, choice, logical dtype)
         self.errors: list[QFormatError] = []
         self.descriptors: dict[str, Any] = {}
@@ -320,6 +340,7 @@ class QFormatHfQuantizer(HfQuantizer):
         self.decoded = [q for q in self.decoded if not self._place(model, q, names, entries)]
         self._ignore_own_tensors(model, names)
         decoders = [decode_converter(q.name, q.descriptor, list(q.components), q.shape, names, self.errors) for q in self.decoded]
+        self.decoded_entries = {t: q for q in self.decoded if (t := names.target(q.name, entries)[0]) in entries}
         conversions += decoders
         decoded = {p: op.shape for dc in decoders for op in dc.operations for p in dc.source_patterns}
         self.key_report = predict(model, self.stored, conversions, logical_of=self.logical_of,
@@ -405,11 +426,12 @@ class QFormatHfQuantizer(HfQuantizer):
             descs[logical] = rename_references(pw.descriptor, rename)
             for c, t in pw.components.items():
                 comps[rename(c)] = t
+        self._keep_decoded(model, sd, descs, comps)
         clash = sorted(set(comps) & set(sd))
         if clash:
             raise error("SAVE_INVALID", f"component {clash[0]!r} would collide with a tensor of the model", tensor=clash[0])
         sd.update(comps)
-        meta = file_metadata(None, descs) or {}
+        meta = file_metadata(dict(self.source_metadata) or None, descs) or {}
         # SPEC.md §3.8: a digest of each component, from the bytes handed to transformers' writer
         # (plain tensors are not listed: transformers drops tied ones after this hook)
         self.saved_digests = {name: tensor_sha256(t) for name, t in comps.items()}
@@ -419,6 +441,46 @@ class QFormatHfQuantizer(HfQuantizer):
                 self.quantization_config.spec_version = json.loads(meta["qformat"])["version"]
         self.saved_descriptors = descs
         return sd, meta
+
+    def _keep_decoded(self, model: Any, sd: dict[str, torch.Tensor], descs: dict[str, Any], comps: dict[str, torch.Tensor]) -> None:
+        """Each entry the loader decoded from a quantized tensor (an embedding, a norm) goes back
+        in its scheme when it still holds exactly what was decoded: the source file's components
+        are read again and decoded as the load decoded them, and where every bit equals the entry
+        (cast as loaded), the entry is replaced by those components, byte for byte, under
+        ``<entry>.<component>`` with its descriptor (a Q8_0 embedding stays Q8_0, not float32).
+        Entries tied to it (a head sharing the embedding) are dropped with it: transformers ties
+        them again on load.  An entry that changed, or whose source can no longer be read, is
+        saved as the plain tensor it is."""
+        from qformat_torch.io import safe_open
+
+        from .decoded import _decode
+
+        tied = dict(getattr(model, "all_tied_weights_keys", None) or {})  # target -> source
+        for entry, q in self.decoded_entries.items():
+            cur = sd.get(entry)
+            if not isinstance(cur, torch.Tensor) or cur.device.type == "meta":
+                continue
+            try:
+                with safe_open(q.file) as f:
+                    stored = f.get_qtensor(q.name).components
+                    src = {c: stored[c].clone() for c in q.components}  # a copy: the save may replace the file
+            except (QFormatError, OSError):
+                continue
+            try:
+                value = _decode(q.descriptor, src)
+            except QFormatError:
+                continue
+            value = value.to(cur.dtype) if value.dtype != cur.dtype else value
+            if value.shape != cur.shape or not _same_bits(value, cur.detach().cpu()):
+                continue
+            names = local_names(q.name, list(src))
+            desc = rename_references(q.descriptor, lambda c, m=names, e=entry: f"{e}.{m.get(c, c)}")
+            del sd[entry]
+            for target, source in tied.items():
+                if source == entry and target in sd and sd[target].data_ptr() == cur.data_ptr():
+                    del sd[target]
+            descs[entry] = desc
+            comps.update({f"{entry}.{names[c]}": t for c, t in src.items()})
 
     # -- loading a qformat checkpoint ----------------------------------------------------------
     def _plan_load(self, model: nn.Module, files: list[str], names: NameMap) -> None:
@@ -433,6 +495,8 @@ class QFormatHfQuantizer(HfQuantizer):
         for path in files:
             f = SafeOpen(path)
             try:
+                if not self.source_metadata:
+                    self.source_metadata = {k: v for k, v in (f.metadata() or {}).items() if k == "gguf" or k.startswith("gguf.")}
                 self.stored.update({n: tuple(e.shape) for n, e in f.header.entries.items()})
                 for name in sorted(f.model.raw):
                     raise_first(f.model.tensor_problems.get(name, []))
@@ -504,7 +568,8 @@ class QFormatHfQuantizer(HfQuantizer):
                 tq = TorchQTensor(desc, {names[c]: t for c, t in comps.items()})
             except QFormatError as e:
                 raise error(e.code, e.message, tensor=plan.name, field=e.field) from None
-            _set_module(model, mpath, QLinear(tq, holder.bias, kernel=self.quantization_config.kernel))
+            # prepared at first use: loading neither unpacks codes nor scans weight ranges
+            _set_module(model, mpath, QLinear(tq, holder.bias, kernel=self.quantization_config.kernel, prepare=False))
         if self.descriptors and isinstance(self.quantization_config, QFormatConfig) and self.quantization_config.spec_version is None:
             from qformat.model import required_version
 
