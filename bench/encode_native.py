@@ -46,6 +46,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .gguf_quantize import llama_quantize_tool
+
 MB = 1 << 20
 SHAPES = {"blk.0.attn_q.weight": (2048, 2048), "blk.0.attn_output.weight": (2048, 2048),
           "blk.0.ffn_up.weight": (5632, 2048), "blk.0.ffn_down.weight": (2048, 5632)}
@@ -115,18 +117,6 @@ def write_f32_gguf(path: Path, xs: dict[str, np.ndarray]) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
-
-
-def llama_quantize() -> Path | None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests import llama_cpp as L
-
-    try:
-        d = L.build_dir()
-        t = d / "bin" / "llama-quantize"
-        return t if t.is_file() and (d / L.BUILD_RECORD).is_file() else None
-    except Exception:  # noqa: BLE001 - no source, no build: those rows are skipped
-        return None
 
 
 def ggml_quants() -> Any:
@@ -256,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"    {r['x_gguf_py_q4_0']:.2f}x gguf-py Q4_0 (wall)" + (f", {r['x_gguf_py_q4_0_cpu']:.2f}x (CPU)" if th == 1 else "")
                           + f"; SQNR {s:.2f} dB, gguf-py Q4_0 {q40['sqnr_dB']:.2f} dB", flush=True)
     types = [t for t in a.types.split(",") if t]
-    tool = None if a.quick else llama_quantize()
+    tool = None if a.quick else llama_quantize_tool()
     with tempfile.TemporaryDirectory(prefix="qformat-encode-bench-") as tmp:
         src = write_f32_gguf(Path(tmp) / "f32.gguf", xs) if tool else None
         io_s = {}

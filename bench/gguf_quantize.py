@@ -46,7 +46,9 @@ DEFAULT_PRESETS = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "Q3_K_M", "Q4_K_M
 IMATRIX = "+imatrix"
 
 
-def _tool() -> Path | None:
+def llama_quantize_tool() -> Path | None:
+    """The cached llama-quantize build (tests/llama_cpp.py), or None when there is none (the rows that
+    need it are skipped); shared by the bench sections that time llama-quantize."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests import llama_cpp as L
 
@@ -141,7 +143,7 @@ def bench_gguf_quantize(run: Any, tmp: str, layers: int, presets: list[str] | No
     presets = list(presets or DEFAULT_PRESETS)
     from .common import MB, _ckpt_children
 
-    tool = _tool()
+    tool = llama_quantize_tool()
     if tool is None:
         print("\n[gguf_quantize] skipped: llama-quantize is not built (./test.sh -m llama_cpp builds it)", flush=True)
         return

@@ -124,10 +124,10 @@ def _tree_mb(p: Path) -> float:
 def bench_real_models(run: Any, tmp: str) -> None:
     """Rows in section ``real_models`` (see the module docstring)."""
     from .common import MB
-    from .gguf_quantize import _tool
+    from .gguf_quantize import llama_quantize_tool
 
     print("\n[real_models]", flush=True)
-    tool = _tool()
+    tool = llama_quantize_tool()
     for name, src in models():
         base = Path(tmp) / "real_models" / name.split()[0]
         base.mkdir(parents=True, exist_ok=True)

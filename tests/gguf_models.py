@@ -233,3 +233,20 @@ def write_gguf_from(path: Path, arch: str, cfg: dict[str, Any], tj: dict[str, An
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def count_gguf_readers(monkeypatch: Any) -> list[str]:
+    """Count the gguf-py readers opened from now on (``gguf.GGUFReader`` replaced through
+    ``monkeypatch``): the paths, in order, in the returned list."""
+    import gguf
+
+    opened: list[str] = []
+    real = gguf.GGUFReader
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, path: Any, *a: Any, **k: Any) -> None:
+            opened.append(str(path))
+            super().__init__(path, *a, **k)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    return opened

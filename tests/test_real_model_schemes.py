@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from . import real_models
+from .gguf_models import count_gguf_readers
 
 pytestmark = pytest.mark.llama_cpp
 
@@ -37,15 +38,7 @@ def test_gemma3_convert_load_save_export_keep_every_type(tmp_path, monkeypatch):
     from qformat_torch.nn import QLinear
 
     src = real_models.require_gemma3()
-    opened: list[str] = []
-    real = gguf.GGUFReader
-
-    class Counting(real):  # type: ignore[misc, valid-type]
-        def __init__(self, path, *a, **k):
-            opened.append(str(path))
-            super().__init__(path, *a, **k)
-
-    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    opened = count_gguf_readers(monkeypatch)
     out = tmp_path / "hf"
     assert cli(["convert", "--quiet", str(src), str(out)]) == 0
     assert opened == []

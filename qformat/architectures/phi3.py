@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from .base import Architecture
+from .llama import SKIPPED
 
 #: Hugging Face tensor names -> llama.cpp's (gguf-py tensor_mapping.py for MODEL_ARCH.PHI3).
 TENSORS: tuple[tuple[str, str], ...] = (
@@ -31,5 +32,5 @@ TENSORS: tuple[tuple[str, str], ...] = (
 
 ARCH = Architecture(
     name="phi3", model_arch="PHI3", model_types=("phi3",), tensors=TENSORS,
-    skipped=(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",), tokenizer_model="gpt2", hf_export=False,
+    skipped=SKIPPED, tokenizer_model="gpt2", hf_export=False,
     notes="fused qkv_proj / gate_up_proj kept whole as attn_qkv / ffn_up")

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from .base import Architecture
+from .llama import SKIPPED
 
 #: Hugging Face tensor names -> llama.cpp's (gguf-py tensor_mapping.py for MODEL_ARCH.STABLELM).
 TENSORS: tuple[tuple[str, str], ...] = (
@@ -31,5 +32,5 @@ TENSORS: tuple[tuple[str, str], ...] = (
 
 ARCH = Architecture(
     name="stablelm", model_arch="STABLELM", model_types=("stablelm",), tensors=TENSORS,
-    skipped=(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",), tokenizer_model="gpt2", hf_export=False,
+    skipped=SKIPPED, tokenizer_model="gpt2", hf_export=False,
     notes="layer norms with biases; partial rotary (NeoX order, no permutation)")

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from .base import Architecture
+from .llama import SKIPPED
 
 #: Hugging Face tensor names -> llama.cpp's (gguf-py tensor_mapping.py for MODEL_ARCH.STARCODER2).
 TENSORS: tuple[tuple[str, str], ...] = (
@@ -27,5 +28,5 @@ TENSORS: tuple[tuple[str, str], ...] = (
 
 ARCH = Architecture(
     name="starcoder2", model_arch="STARCODER2", model_types=("starcoder2",), tensors=TENSORS,
-    skipped=(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",), tokenizer_model="gpt2", hf_export=False,
+    skipped=SKIPPED, tokenizer_model="gpt2", hf_export=False,
     notes="biases on every linear layer and layer norm; c_fc / c_proj MLP")

@@ -24,7 +24,7 @@ from qformat_transformers import gguf_hparams  # noqa: E402
 from qformat_transformers.gguf_layout import convert_gguf  # noqa: E402
 from qformat_transformers.gguf_parse import parsed_once  # noqa: E402
 
-from ..gguf_models import hf_model, write_gguf  # noqa: E402
+from ..gguf_models import count_gguf_readers, hf_model, write_gguf  # noqa: E402
 
 
 @pytest.mark.parametrize("arch,tie", [("llama", False), ("gemma3", True)])
@@ -44,15 +44,7 @@ def test_one_parse_gives_what_gguf_py_gives_and_is_the_only_one(tmp_path, monkey
         assert mg.load_gguf_checkpoint(str(src), return_tensors=False) == want
     assert mg.load_gguf_checkpoint is load_gguf_checkpoint  # restored
     # a whole conversion opens no gguf-py reader
-    opened: list[str] = []
-    real = gguf.GGUFReader
-
-    class Counting(real):  # type: ignore[misc, valid-type]
-        def __init__(self, path, *a, **k):
-            opened.append(str(path))
-            super().__init__(path, *a, **k)
-
-    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    opened = count_gguf_readers(monkeypatch)
     convert_gguf(src, tmp_path / "out")
     assert opened == []
     assert Path(tmp_path / "out" / "config.json").is_file()
