@@ -143,15 +143,15 @@ def test_nothing_outside_the_folder(tmp_path: Path) -> None:
 
 def test_the_command_serves_until_interrupted(tmp_path: Path) -> None:
     (tmp_path / "f.bin").write_bytes(b"x" * 100)
-    def shell_sigint() -> None:
-        # Ctrl-C as a shell delivers it: a pytest worker may run with SIGINT ignored (some test
-        # before it in the same worker, e.g. a launcher), which a child inherits, and Python then
-        # installs no KeyboardInterrupt handler; that would test the worker, not the command
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-    p = subprocess.Popen([sys.executable, "-m", "qformat", "serve", str(tmp_path), "--port", "0", "--quiet"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=shell_sigint)
+    # Ctrl-C as a shell delivers it: a pytest worker may run with SIGINT ignored (some test before
+    # it in the same worker), which a child inherits, and Python then installs no KeyboardInterrupt
+    # handler; that would test the worker, not the command. The child restores the handler itself
+    # (a preexec_fn would fork a worker that may hold JAX's threads) and runs `python -m qformat`.
+    run = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+           "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); sys.argv[0] = 'qformat'; "
+           "runpy.run_module('qformat', run_name='__main__', alter_sys=True)")
+    p = subprocess.Popen([sys.executable, "-c", run, "serve", str(tmp_path), "--port", "0", "--quiet"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline()  # type: ignore[union-attr]
         url = line.split(" at ")[1].split(" ")[0]
