@@ -11,6 +11,7 @@ int4 g32 and nf4 decode to float32 at >= 0.8x memcpy and >= 4x the NumPy decoder
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 from typing import Any
@@ -142,76 +143,119 @@ OUT_SCHEMES = [("int4 g32", "int", {"bits": 4, "group_size": 32}), ("int8", "int
                ("Q4_K", "gguf", {"type": "Q4_K"}), ("Q6_K", "gguf", {"type": "Q6_K"})]
 
 
+def _halves(fn: Any, n: int, rows: int) -> None:
+    """``fn(lo, hi)`` on ``n`` threads of the decoder's own pool, rows split in ``n`` parts."""
+    step = -(-rows // n)
+    for _ in kernels.pool(n).map(lambda lo: fn(lo, min(rows, lo + step)), range(0, rows, step)):
+        pass
+
+
 def bench_decode_out(run: Run, rows: int, cols: int, threads: int = 2) -> None:
     """Issue 45 item 4: ``qformat.dequantize(qt, out=buf)`` against ``np.copyto(buf, x)`` of the
     same output (target >= 0.9x), and ``qformat.dequantize(qt)`` into a fresh array against
     ``x.copy()`` (target >= 0.8x; the decode's threads share the fresh array's first touch), per
-    scheme, float32 output, after and before issue 45 (``qformat.decode._BEFORE_ISSUE45``: two-level
-    parameters decoded per chunk, 6-bit codes unpacked in NumPy), all five timed in turn in each
-    repetition, so every ratio is paired: ``x_*`` are the medians (and ``min_x_*`` the minima) of
-    the per-repetition ratios.  Every decode is checked bit for bit against the NumPy reference."""
+    scheme, float32 output.
+
+    Both sides are measured the same way: the decode at 1 thread and at ``threads``, and each
+    NumPy baseline as NumPy runs it (one thread) and split over ``threads`` threads of the same
+    pool (``np.copyto`` of row ranges; for ``x.copy()``: ``np.empty`` and each thread copying its
+    rows, so the threads share the first touch as the decode's do).  ``x_vs`` compares with the
+    one-thread NumPy baseline (the issue's target), ``x_same_threads`` with the baseline at the
+    decode's own thread count.  Also after and before issue 45 (``qformat.decode._BEFORE_ISSUE45``:
+    two-level parameters decoded per chunk, 6-bit codes unpacked in NumPy), at ``threads``.  Every
+    function is timed in turn in each repetition, so every ratio is paired: ``x_*`` are the
+    medians (``min_x_vs`` / ``max_x_vs`` the extremes) of the per-repetition ratios.  The
+    one-thread rows also record the calling thread's CPU time (``cpu_ms``, ``cpu_x_vs``: page
+    faults included, preemption not), which a loaded machine leaves nearly unchanged where
+    wall time doubles.  Every decode is checked bit for bit against the NumPy reference."""
     import qformat
     import qformat.decode as qd
 
     info = kernels.info()
-    print(f"\n[decode out=] {rows}x{cols} float32, {threads} threads; {info['path']} {info['level']}", flush=True)
+    print(f"\n[decode out=] {rows}x{cols} float32, 1 and {threads} threads; {info['path']} {info['level']}", flush=True)
     rng = np.random.default_rng(45)
     w = (rng.standard_normal((rows, cols), np.float32) * 0.02).astype(np.float32)
     reps = max(run.reps, 3 if run.quick else 9)
+    th = f"{threads} threads"
     for name, scheme, kw in OUT_SCHEMES[:3] if run.quick else OUT_SCHEMES:
         qt = qformat.quantize(w, scheme, **kw)
         with kernels.use("numpy"):
             ref = qt.dequantize()
         buf = np.empty(qt.shape, np.float32)
         x = np.ones(qt.shape, np.float32)
-        _require(_same_bits(qformat.dequantize(qt, out=buf, threads=threads), ref), f"dequantize(out=) of {name}")
-        _require(_same_bits(qformat.dequantize(qt, threads=threads), ref), f"dequantize of {name}")
+        for t in (1, threads):
+            _require(_same_bits(qformat.dequantize(qt, out=buf, threads=t), ref), f"dequantize(out=) of {name}, {t} threads")
+            _require(_same_bits(qformat.dequantize(qt, threads=t), ref), f"dequantize of {name}, {t} threads")
 
-        def before_out() -> Any:
+        def before(out: Any) -> Any:
             qd._BEFORE_ISSUE45 = True
             try:
-                return qformat.dequantize(qt, out=buf, threads=threads)
+                return qformat.dequantize(qt, out=out, threads=threads)
             finally:
                 qd._BEFORE_ISSUE45 = False
 
-        def before_fresh() -> Any:
-            qd._BEFORE_ISSUE45 = True
-            try:
-                return qformat.dequantize(qt, threads=threads)
-            finally:
-                qd._BEFORE_ISSUE45 = False
+        def copy_threads() -> np.ndarray:
+            y = np.empty_like(x)
+            _halves(lambda lo, hi: np.copyto(y[lo:hi], x[lo:hi]), threads, rows)
+            return y
 
-        fns = {"np.copyto(buf, x)": lambda: np.copyto(buf, x), "dequantize(out=buf)": lambda: qformat.dequantize(qt, out=buf, threads=threads),
-               "dequantize(out=buf), before issue 45": before_out, "x.copy()": lambda: x.copy(),
-               "dequantize() into a fresh array": lambda: qformat.dequantize(qt, threads=threads),
-               "dequantize() fresh, before issue 45": before_fresh}
+        fns = {"np.copyto(buf, x)": lambda: np.copyto(buf, x),
+               f"np.copyto(buf, x), {th}": lambda: _halves(lambda lo, hi: np.copyto(buf[lo:hi], x[lo:hi]), threads, rows),
+               "dequantize(out=buf), 1 thread": lambda: qformat.dequantize(qt, out=buf, threads=1),
+               f"dequantize(out=buf), {th}": lambda: qformat.dequantize(qt, out=buf, threads=threads),
+               f"dequantize(out=buf), {th}, before issue 45": lambda: before(buf),
+               "x.copy()": lambda: x.copy(),
+               f"x.copy(), {th}": copy_threads,
+               "dequantize() fresh, 1 thread": lambda: qformat.dequantize(qt, threads=1),
+               f"dequantize() fresh, {th}": lambda: qformat.dequantize(qt, threads=threads),
+               f"dequantize() fresh, {th}, before issue 45": lambda: before(None)}
         ts: dict[str, list[float]] = {k: [] for k in fns}
+        cpu: dict[str, list[float]] = {k: [] for k in fns}
         for f in fns.values():
             f()  # warm-up
         for _ in range(reps):
             for k, f in fns.items():
-                t0 = time.perf_counter()
+                c0, t0 = time.thread_time(), time.perf_counter()
                 f()
                 ts[k].append(time.perf_counter() - t0)
-        _require(_same_bits(before_out(), ref), f"dequantize(out=) of {name} before issue 45")
+                cpu[k].append(time.thread_time() - c0)
+        _require(_same_bits(before(buf), ref), f"dequantize(out=) of {name} before issue 45")
         sec = f"decode out= {name}"
-        base = {"dequantize(out=buf)": "np.copyto(buf, x)", "dequantize(out=buf), before issue 45": "np.copyto(buf, x)",
-                "dequantize() into a fresh array": "x.copy()", "dequantize() fresh, before issue 45": "x.copy()"}
-        print(f" {name} ({buf.nbytes / MB:.0f} MB out, {reps} paired reps)", flush=True)
+        # row: (one-thread NumPy baseline, baseline at the row's own thread count)
+        base = {"dequantize(out=buf), 1 thread": ("np.copyto(buf, x)", "np.copyto(buf, x)"),
+                f"dequantize(out=buf), {th}": ("np.copyto(buf, x)", f"np.copyto(buf, x), {th}"),
+                f"dequantize(out=buf), {th}, before issue 45": ("np.copyto(buf, x)", f"np.copyto(buf, x), {th}"),
+                "dequantize() fresh, 1 thread": ("x.copy()", "x.copy()"),
+                f"dequantize() fresh, {th}": ("x.copy()", f"x.copy(), {th}"),
+                f"dequantize() fresh, {th}, before issue 45": ("x.copy()", f"x.copy(), {th}")}
+        print(f" {name} ({buf.nbytes / MB:.0f} MB out, {reps} paired reps; load average {os.getloadavg()[0]:.1f})", flush=True)
         for k, t in ts.items():
+            one = k in ("np.copyto(buf, x)", "x.copy()") or k.endswith("1 thread")
             r = {"section": sec, "name": k, "ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3, "out_MB": buf.nbytes / MB,
-                 "GBps": buf.nbytes / statistics.median(t) / 1e9, "threads": threads, "reps": reps, "note": ""}
+                 "GBps": buf.nbytes / statistics.median(t) / 1e9, "threads": 1 if one else threads, "reps": reps, "note": ""}
+            if one:
+                r["cpu_ms"] = statistics.median(cpu[k]) * 1e3
+            line = f"  {k:<46} {r['ms']:8.2f} ms (min {r['min_ms']:7.2f})"
             if k in base:
-                ratios = [b / a for a, b in zip(t, ts[base[k]])]
-                r.update(vs=base[k], x_vs=statistics.median(ratios), min_x_vs=min(ratios), max_x_vs=max(ratios))
-                print(f"  {k:<40} {r['ms']:8.2f} ms (min {r['min_ms']:7.2f})  {r['x_vs']:5.2f}x {base[k]} "
-                      f"(per-rep ratios {min(ratios):.2f}-{max(ratios):.2f})", flush=True)
-            else:
-                print(f"  {k:<40} {r['ms']:8.2f} ms (min {r['min_ms']:7.2f})", flush=True)
+                b1, bt = base[k]
+                ratios = [b / a for a, b in zip(t, ts[b1])]
+                same = [b / a for a, b in zip(t, ts[bt])]
+                r.update(vs=b1, x_vs=statistics.median(ratios), min_x_vs=min(ratios), max_x_vs=max(ratios),
+                         vs_same_threads=bt, x_same_threads=statistics.median(same))
+                line += f"  {r['x_vs']:5.2f}x {b1} ({min(ratios):.2f}-{max(ratios):.2f})"
+                if bt != b1:
+                    line += f", {r['x_same_threads']:5.2f}x at {th}"
+                if one:
+                    r["cpu_x_vs"] = statistics.median(cpu[b1]) / statistics.median(cpu[k])
+                    line += f"; CPU {r['cpu_ms']:.2f} ms, {r['cpu_x_vs']:.2f}x"
+            elif one:
+                line += f"; CPU {r['cpu_ms']:.2f} ms"
+            print(line, flush=True)
             run.rows.append(r)
         if not run.quick:
             rr = {x["name"]: x for x in run.rows if x["section"] == sec}
-            run.target(f"decode {name} to float32 into out=, x np.copyto (issue 45)", rr["dequantize(out=buf)"]["x_vs"], 0.9)
-            run.target(f"decode {name} to float32 into a fresh array, x x.copy() (issue 45)", rr["dequantize() into a fresh array"]["x_vs"], 0.8)
+            run.target(f"decode {name} to float32 into out=, {th}, x np.copyto (issue 45)", rr[f"dequantize(out=buf), {th}"]["x_vs"], 0.9)
+            run.target(f"decode {name} to float32 into a fresh array, {th}, x x.copy() (issue 45)",
+                       rr[f"dequantize() fresh, {th}"]["x_vs"], 0.8)
         del qt, ref, buf, x
         gc.collect()

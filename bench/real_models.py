@@ -12,9 +12,12 @@ child's resident set after its imports):
 - ``convert_folder``: ``qformat convert model.gguf out/`` (transformers' config and tokenizer
   included); ``x_single`` = its seconds over the single-file convert's (target <= 1.5), and
   its peak above its baseline against the largest tensor's bytes;
-- ``load``: ``AutoModelForCausalLM.from_pretrained(out/)``, quiet and with a busy loop
-  spinning on another core (``x_quiet``: target < 2); then the first forward (where the
-  layers' kernels are prepared) and a second one;
+- ``load``: ``AutoModelForCausalLM.from_pretrained(out/)`` and the first forward, quiet and
+  with a busy loop spinning on another core (``x_quiet``: target < 2): the layers' kernels are
+  prepared at their first use, so a model is ready to run only after its first forward, and
+  ``seconds`` is from_pretrained's plus the first forward's (``from_pretrained_s`` and
+  ``first_forward_s`` apart, ``cpu_s`` their CPU time, all threads: on a shared machine the
+  quiet figure to trust); then a second forward;
 - ``save_pretrained``: the loaded model saved again: bytes against the folder's, and whether
   the embedding kept its scheme;
 - ``llama_quantize`` / ``quantize_export``: the model's F32 GGUF (made once by ``llama-quantize
@@ -51,6 +54,7 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 out = {}
 t0 = time.perf_counter()
+c0 = time.process_time()
 if step in ("cli", "convert_folder"):
     rc = qformat.cli.main(args)
     assert rc == 0, rc
@@ -63,8 +67,10 @@ else:
         ids = torch.tensor([[2, 105, 2364, 107, 9259, 236764, 1217, 659, 611, 236881]]) % model.config.vocab_size
         with torch.no_grad():
             t1 = time.perf_counter(); model(ids); out["first_forward_s"] = time.perf_counter() - t1
+            # the layers' kernels are prepared in the first forward: the model is ready after it
+            out["ready_s"], out["ready_cpu_s"] = out["load_s"] + out["first_forward_s"], time.process_time() - c0
             t1 = time.perf_counter(); model(ids); out["second_forward_s"] = time.perf_counter() - t1
-dt = out.get("load_s", time.perf_counter() - t0)
+dt = out.get("ready_s", time.perf_counter() - t0)
 out.update({"seconds": dt, "imports_s": imports, "peak_MB": vm("VmHWM"), "baseline_MB": base})
 print(json.dumps(out), flush=True)
 """
@@ -151,11 +157,12 @@ def bench_real_models(run: Any, tmp: str) -> None:
         run.target(f"real_models {name}: convert to a folder within 1.5x of the single-file convert (single s / folder s >= 1/1.5)",
                    single["seconds"] / f["seconds"], 1 / 1.5)
         quiet = _child("load", [str(folder)])
-        row("load", quiet, first_forward_s=quiet["first_forward_s"], second_forward_s=quiet["second_forward_s"])
+        row("load", quiet, from_pretrained_s=quiet["load_s"], first_forward_s=quiet["first_forward_s"], cpu_s=quiet["ready_cpu_s"],
+            second_forward_s=quiet["second_forward_s"])
         busy = _child("load", [str(folder)], busy=True)
-        row("load_busy", busy, x_quiet=busy["seconds"] / quiet["seconds"])
+        row("load_busy", busy, x_quiet=busy["seconds"] / quiet["seconds"], cpu_s=busy["ready_cpu_s"])
         if "Gemma" in name:
-            run.target(f"real_models {name}: from_pretrained seconds under 3 (3 / seconds >= 1)", 3.0 / quiet["seconds"], 1.0)
+            run.target(f"real_models {name}: from_pretrained + first forward under 3 s (3 / seconds >= 1)", 3.0 / quiet["seconds"], 1.0)
             run.target(f"real_models {name}: load with both cores busy under 2x quiet (2 / ratio >= 1)", 2.0 / max(busy["seconds"] / quiet["seconds"], 1e-9), 1.0)
         saved = base / "saved"
         s = _child("save", [str(folder), str(saved)])

@@ -34,6 +34,13 @@ CHUNK_ELEMENTS = 1 << 18
 #: (parameter cells, row offsets) is a fixed cost in Python.
 NATIVE_CHUNK_ELEMENTS = 1 << 20
 
+#: Elements per chunk on the native path where the kernel reads the packed bytes in place
+#: (:func:`_native_in_place`): a chunk's only temporaries are then its parameters' cells and row
+#: offsets (a few percent of its output for grouped parameters), so chunks are much larger, and
+#: one kernel call splits each chunk's rows over native threads (:func:`qformat.kernels.fused`):
+#: one plan per 64 MB of float32 output instead of 16, and no Python thread hand-offs.
+VIEW_CHUNK_ELEMENTS = 1 << 24
+
 #: Threads a full decode spreads its chunks over (None: one per CPU, at most 8).  Chunks
 #: write disjoint rows of the output and NumPy releases the GIL in every step they run.
 THREADS: int | None = None
@@ -171,6 +178,17 @@ def _six_bytes(desc: Descriptor, src: Source, region: Region, table: np.ndarray,
     return words[box].reshape(-1, (c1 - c0) // 4 * 3)
 
 
+def _native_in_place(desc: Descriptor, src: Source, region: Region, table: np.ndarray, valid: int) -> bool:
+    """Whether :func:`_native_codes` hands the kernel the packed bytes themselves for ``region``
+    (whole codes per byte, or the 6-bit mode), not codes unpacked one per byte."""
+    look = byte_lookup(desc, region) if valid == len(table) else None
+    if look is not None:
+        span = 0 if look.planes_span is None else int(look.planes_span)
+        if region_shape(region)[-1] % look.n == 0 and _kernels.TILE % max(span, 1) == 0:
+            return True
+    return not _BEFORE_ISSUE45 and _six_bytes(desc, src, region, table, valid) is not None
+
+
 def _native_codes(desc: Descriptor, src: Source, region: Region, table: np.ndarray, valid: int,
                   tensor: str | None) -> tuple[np.ndarray, int, int, np.ndarray, int, bool]:
     """(codes as rows of bytes, row stride, codes per byte, byte table, planes span or 0) of
@@ -212,7 +230,7 @@ def _nested_whole(enc: Descriptor, src: Source) -> np.ndarray:
     """A two-level parameter's whole grid, decoded (and so checked) whole as SPEC.md §10.6 says,
     rounded to its logical dtype and widened to binary32: :func:`_grid_values`' values before its
     box is cut, by the native kernel where it covers the nested descriptor (the same bits)."""
-    return decode(enc, src, threads=1).astype(np.float32)
+    return decode(enc, src, threads=1).astype(np.float32, copy=False)  # a float32 grid as decoded, not copied
 
 
 def _nested_in_order(desc: Descriptor, src: Source, region: Region, tensor: str | None,
@@ -312,13 +330,14 @@ def _native_param(prm: Param, desc: Descriptor, src: Source, region: Region, rea
 
 def _native_region(desc: Descriptor, src: Source, region: Region, out: np.ndarray, tensor: str | None,
                    element: tuple[np.ndarray, int] | None = None, stream: bool = False,
-                   nested: dict[int, np.ndarray] | None = None) -> None:
+                   nested: dict[int, np.ndarray] | None = None, threads: int = 1) -> None:
     """Decode ``region`` (rank >= 1) straight into ``out`` (C-contiguous, the logical dtype)
     with one call of the native kernel: the same binary32 steps as :func:`decode_region` and
     :func:`round_to_logical`, fused.  ``element``: :func:`qformat.regions.element_table`'s
     result when the caller has it (one per decode, not one per chunk).  ``stream``: write a
     float32 output with non-temporal stores where the kernel can (:data:`qformat.kernels.STREAM_FROM_BYTES`).
-    ``nested``: the decode's two-level parameter grids, decoded once (:func:`_nested_whole`)."""
+    ``nested``: the decode's two-level parameter grids, decoded once (:func:`_nested_whole`).
+    ``threads``: native threads sharing the region's rows in the kernel call."""
     table, valid = element_table(desc, src) if element is None else element
     codes, stride, n, bt, span, six = _native_codes(desc, src, region, table, valid, tensor)
     read_index = source_index_reader(src)
@@ -326,7 +345,7 @@ def _native_region(desc: Descriptor, src: Source, region: Region, out: np.ndarra
     shape = region_shape(region)
     kind = _kernels.OUT_KINDS[desc.dtype]
     flat = out.reshape(-1).view(np.float32 if kind == 0 else np.uint16)
-    _kernels.fused(codes, stride, math.prod(shape[:-1]), shape[-1], n, bt, params, flat, kind, span, stream, six)
+    _kernels.fused(codes, stride, math.prod(shape[:-1]), shape[-1], n, bt, params, flat, kind, span, stream, six, threads)
 
 
 def _to_bfloat16_bits(x: np.ndarray, dst: np.ndarray) -> None:
@@ -389,8 +408,13 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
     """Decode ``region`` (default: everything) to the logical dtype, chunk by chunk.
 
     ``out``: a C-contiguous, writable array of the region's shape and logical dtype to decode
-    into (returned; :func:`check_out` refuses any other).  ``threads``: how many threads decode chunks at once (default :data:`THREADS`);
-    the bits never depend on it.  Memory beyond the output is a few chunks' temporaries.
+    into (returned; :func:`check_out` refuses any other).  ``threads``: how many threads decode
+    at once (default :data:`THREADS`): where the native kernel reads the packed bytes in place,
+    native threads share each chunk's rows (so a fresh output's first-touch page faults are
+    taken by all of them); else chunks go to a pool of that many threads.  The bits never depend
+    on it.  Memory beyond the output is a few chunks' temporaries.  A large float32 ``out`` is
+    written with non-temporal stores; the output this function allocates is not (its pages
+    are cleared by the first touch just before the kernel writes them, still in cache).
     A descriptor in a device layout is read through its canonical view (SPEC.md §11).
     """
     if region is None:
@@ -398,7 +422,8 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
     desc, src = canonical_view(desc, src)
     out_shape = region_shape(region)
     dt = _dt.logical_numpy(desc.dtype)
-    if out is None:
+    fresh = out is None
+    if fresh:
         out = _kernels.aligned_empty(out_shape, dt)
     else:
         check_out(out, out_shape, dt, tensor)
@@ -412,14 +437,23 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
     element = element_table(desc, src) if native else None
     # two-level parameters: each whole nested grid decoded once here, not once per chunk
     nested = _nested_in_order(desc, src, region, tensor, element) if native and not _BEFORE_ISSUE45 else None
-    step = chunk_rows(desc, region, NATIVE_CHUNK_ELEMENTS if native else CHUNK_ELEMENTS)
+    n = THREADS if threads is None else threads
+    n = min(8, os.cpu_count() or 1) if n is None else max(1, int(n))
+    # the kernel reads the packed bytes in place: large chunks, each one kernel call whose rows
+    # the native threads share (no Python pool); else chunks of NATIVE_CHUNK_ELEMENTS on the pool
+    in_place = (native and not _BEFORE_ISSUE45 and _kernels.native_threads()
+                and _native_in_place(desc, src, region, element[0], element[1]))  # type: ignore[index]
+    step = chunk_rows(desc, region, VIEW_CHUNK_ELEMENTS if in_place else NATIVE_CHUNK_ELEMENTS if native else CHUNK_ELEMENTS)
     direct = desc.dtype == "float32"
-    stream = direct and out.nbytes >= _kernels.STREAM_FROM_BYTES  # too large to stay in cache for its reader
+    # a caller's large float32 buffer is written with non-temporal stores (too large to stay in
+    # cache for its reader); a fresh one is not: each huge page the first touch clears is in
+    # cache when the kernel writes it, and streaming past it writes the page to memory twice
+    stream = direct and not fresh and out.nbytes >= _kernels.STREAM_FROM_BYTES
 
     def run(sub: Region) -> None:
         dst = out[sub[0][0] - lo0 : sub[0][1] - lo0]
         if native:
-            _native_region(desc, src, sub, dst, tensor, element, stream, nested)
+            _native_region(desc, src, sub, dst, tensor, element, stream, nested, n if in_place else 1)
         elif direct:  # binary32 values are the logical values: decode straight into ``out``
             decode_region(desc, src, sub, tensor=tensor, out=dst)
         else:
@@ -427,9 +461,7 @@ def decode(desc: Descriptor, src: Source, region: Region | None = None, tensor: 
             round_to_logical(x, desc.dtype, dst)
 
     chunks = list(iter_chunks(region, step))
-    n = THREADS if threads is None else threads
-    n = min(8, os.cpu_count() or 1) if n is None else max(1, int(n))
-    if n > 1 and len(chunks) >= 2 * n:
+    if n > 1 and len(chunks) >= 2 * n and not in_place:
         # map() yields in chunk order, so the first failing chunk's error is the one raised
         for _ in _kernels.pool(n).map(run, chunks):
             pass

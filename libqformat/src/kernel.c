@@ -426,8 +426,9 @@ QF_INLINE int nib_row_ok512(const qfk_job *j, const qfk_int *next) {
     return 1;
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_row_avx512(const qfk_job *j, qfk_int r, int64_t *off,
-                                                                                           qfk_int *next) {
+/* PATH: 0 nibbles, 1 one code per byte, 2 six (a constant in each caller below: each gets only its own lookup) */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) QF_INLINE void nib_row_avx512_body(const qfk_job *j, qfk_int r, int64_t *off,
+                                                                                           qfk_int *next, const int PATH, const int NP) {
     const __m512 t16 = _mm512_loadu_ps(j->lut16);
     const __m512i m15 = _mm512_set1_epi32(15);
     const __m512i ilo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
@@ -436,7 +437,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_r
                   inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x40);
     const uint8_t *b = j->codes + r * j->stride;
     const qfk_int C = j->C;
-    const int np = j->nparams, lsb = j->nib == QFK_NIB_LSB;
+    const int lsb = j->nib == QFK_NIB_LSB, outkind = j->outkind, stream = j->stream;
+    void *const out = j->out;
+    int op[3] = {0, 0, 0};
+    qfk_int bk[3] = {1, 1, 1};
     __m512 kv[3];
     qfk_int c;
     int k, q;
@@ -445,11 +449,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_r
     const __m128i sh_lo = _mm_setr_epi8(0, 1, 0, 1, 1, 2, 2, 3, 3, 4, 3, 4, 4, 5, 5, 6);
     const __m128i sh_hi = _mm_setr_epi8(6, 7, 6, 7, 7, 8, 8, 9, 9, 10, 9, 10, 10, 11, 11, 12);
     const __m512i sh6 = _mm512_setr_epi32(0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2), m63 = _mm512_set1_epi32(63);
-    for (k = 0; k < 16; k++) t256[k] = j->n == 1 ? _mm512_loadu_ps(j->bt + 16 * k) : t16;
-    for (k = 0; k < np; k++) kv[k] = _mm512_set1_ps(pval(&j->p[k], off[k]));
+    for (k = 0; k < 16; k++) t256[k] = PATH ? _mm512_loadu_ps(j->bt + 16 * k) : t16;
+    for (k = 0; k < NP; k++) {
+        kv[k] = _mm512_set1_ps(pval(&j->p[k], off[k]));
+        op[k] = j->p[k].op;
+        bk[k] = (qfk_int)j->p[k].b;
+    }
     for (c = 0; c < C; c += 32) {
         __m512 v[2];
-        if (j->six) { /* 6-bit codes: 24 bytes -> 32 codes (12 bytes, read masked, per 16), the table's first 64 values */
+        if (PATH == 2) { /* 6-bit codes: 24 bytes -> 32 codes (12 bytes, read masked, per 16), the table's first 64 values */
             for (q = 0; q < 2; q++) {
                 const __m128i raw = _mm_maskz_loadu_epi8((__mmask16)0x0fff, b + c / 4 * 3 + 12 * q);
                 const __m256i w16 = _mm256_set_m128i(_mm_shuffle_epi8(raw, sh_hi), _mm_shuffle_epi8(raw, sh_lo));
@@ -457,7 +465,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_r
                 const __mmask16 b5 = _mm512_test_epi32_mask(ix, _mm512_set1_epi32(32));
                 v[q] = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t256[0], ix, t256[1]), _mm512_permutex2var_ps(t256[2], ix, t256[3]));
             }
-        } else if (j->n == 1) { /* one code per byte: 32 bytes -> 32 values, the 256-entry table in 16 registers */
+        } else if (PATH == 1) { /* one code per byte: 32 bytes -> 32 values, the 256-entry table in 16 registers */
             for (q = 0; q < 2; q++) {
                 const __m512i ix = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + c + 16 * q)));
                 const __mmask16 b5 = _mm512_test_epi32_mask(ix, _mm512_set1_epi32(32)), b6 = _mm512_test_epi32_mask(ix, _mm512_set1_epi32(64)),
@@ -477,34 +485,34 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_r
             v[1] = _mm512_permutex2var_ps(first, ihi, second);
         }
         for (q = 0; q < 2; q++) /* each half of 16 columns: a cell changes only on a multiple of 16 */
-            for (k = 0; k < np; k++) {
+            for (k = 0; k < NP; k++) {
                 if (c + 16 * q == next[k]) { /* BLOCK, FLAT: the next cell */
                     off[k] += 1;
-                    next[k] += (qfk_int)j->p[k].b;
+                    next[k] += bk[k];
                     kv[k] = _mm512_set1_ps(pval(&j->p[k], off[k]));
                 }
-                switch (j->p[k].op) {
+                switch (op[k]) {
                 case QFK_OP_SUB: v[q] = _mm512_sub_ps(v[q], kv[k]); break;
                 case QFK_OP_MUL: v[q] = _mm512_mul_ps(v[q], kv[k]); break;
                 case QFK_OP_DIV: v[q] = _mm512_div_ps(v[q], kv[k]); break;
                 default: v[q] = _mm512_add_ps(v[q], kv[k]); break;
                 }
             }
-        if (j->outkind == QFK_OUT_F32) {
-            float *o = (float *)j->out + r * C + c;
-            if (j->stream && !((uintptr_t)o & 63)) { /* a large output: no read-for-ownership of lines written whole */
+        if (outkind == QFK_OUT_F32) {
+            float *o = (float *)out + r * C + c;
+            if (stream && !((uintptr_t)o & 63)) { /* a large output: no read-for-ownership of lines written whole */
                 _mm512_stream_ps(o, v[0]);
                 _mm512_stream_ps(o + 16, v[1]);
             } else {
                 _mm512_storeu_ps(o, v[0]);
                 _mm512_storeu_ps(o + 16, v[1]);
             }
-        } else if (j->outkind == QFK_OUT_F16) {
-            uint16_t *o = (uint16_t *)j->out + r * C + c;
+        } else if (outkind == QFK_OUT_F16) {
+            uint16_t *o = (uint16_t *)out + r * C + c;
             _mm256_storeu_si256((__m256i *)o, _mm512_cvtps_ph(v[0], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
             _mm256_storeu_si256((__m256i *)(o + 16), _mm512_cvtps_ph(v[1], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         } else { /* bfloat16: round to nearest even on the integer bits, NaN kept quiet (as cast_bf16_avx2) */
-            uint16_t *o = (uint16_t *)j->out + r * C + c;
+            uint16_t *o = (uint16_t *)out + r * C + c;
             for (q = 0; q < 2; q++) {
                 __m512i u = _mm512_castps_si512(v[q]);
                 __m512i rr = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), 16);
@@ -513,6 +521,31 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_r
                 _mm256_storeu_si256((__m256i *)(o + 16 * q), _mm512_cvtepi32_epi16(h));
             }
         }
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_row_avx512_nib(const qfk_job *j, qfk_int r, int64_t *off, qfk_int *next) {
+    switch (j->nparams) {
+    case 0: nib_row_avx512_body(j, r, off, next, 0, 0); break;
+    case 1: nib_row_avx512_body(j, r, off, next, 0, 1); break;
+    case 2: nib_row_avx512_body(j, r, off, next, 0, 2); break;
+    default: nib_row_avx512_body(j, r, off, next, 0, 3); break;
+    }
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_row_avx512_n1(const qfk_job *j, qfk_int r, int64_t *off, qfk_int *next) {
+    switch (j->nparams) {
+    case 0: nib_row_avx512_body(j, r, off, next, 1, 0); break;
+    case 1: nib_row_avx512_body(j, r, off, next, 1, 1); break;
+    case 2: nib_row_avx512_body(j, r, off, next, 1, 2); break;
+    default: nib_row_avx512_body(j, r, off, next, 1, 3); break;
+    }
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))) static void nib_row_avx512_six(const qfk_job *j, qfk_int r, int64_t *off, qfk_int *next) {
+    switch (j->nparams) {
+    case 0: nib_row_avx512_body(j, r, off, next, 2, 0); break;
+    case 1: nib_row_avx512_body(j, r, off, next, 2, 1); break;
+    case 2: nib_row_avx512_body(j, r, off, next, 2, 2); break;
+    default: nib_row_avx512_body(j, r, off, next, 2, 3); break;
     }
 }
 #endif
@@ -530,7 +563,9 @@ QF_INLINE void rows_body(const qfk_job *j, qfk_int r0, qfk_int r1, int lvl) {
 #if QF_X86
         if (lvl >= QFK_LVL_AVX2 && nib_row_ok(j, next)) {
             if (lvl >= QFK_LVL_AVX512 && nib_row_ok512(j, next)) {
-                nib_row_avx512(j, r, off, next);
+                if (j->six) nib_row_avx512_six(j, r, off, next);
+                else if (j->n == 1) nib_row_avx512_n1(j, r, off, next);
+                else nib_row_avx512_nib(j, r, off, next);
                 continue;
             }
             if (!j->six) { /* 6-bit codes below AVX-512: the tile path */

@@ -46,8 +46,9 @@ STREAM_FROM_BYTES = 16 << 20
 
 def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
     """``np.empty(shape, dtype)``, on a 64-byte (cache line) boundary when it is at least
-    :data:`STREAM_FROM_BYTES`: a streamed decode writes whole lines there with non-temporal
-    stores.  A smaller array is a plain ``np.empty``."""
+    :data:`STREAM_FROM_BYTES`: the kernel writes whole lines there (two 64-byte stores per 32
+    values, none split across lines).  A smaller array is a plain ``np.empty``.  (A decode's own
+    output is not streamed: see :func:`qformat.decode.decode`.)"""
     dt = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     if n < STREAM_FROM_BYTES:
@@ -125,9 +126,14 @@ def _restore(state: tuple[bool, str, str | None]) -> None:
         _native.set_level(state[2])
 
 
+def native_threads() -> bool:
+    """Whether one :func:`fused` call can split its rows over native threads (POSIX builds)."""
+    return _native is not None and bool(_native.threads())
+
+
 def fused(codes: Any, stride: int, rows: int, cols: int, n: int, byte_table: Any,
           params: Sequence[tuple[Any, ...]], out: Any, out_kind: int, span: int = 0, stream: bool = False,
-          six: bool = False) -> None:
+          six: bool = False, threads: int = 1) -> None:
     """One call of the C kernel on ``rows`` x ``cols`` values (see ``_native.c``): ``codes``
     (bytes, ``n`` codes per byte, rows ``stride`` bytes apart), ``byte_table`` (float32
     ``[256, n]``), ``params`` in decode order as ``(op, mode, values, rowoff, colidx, a, b[, value format])``
@@ -136,11 +142,13 @@ def fused(codes: Any, stride: int, rows: int, cols: int, n: int, byte_table: Any
     (a float32 ``out`` too large to stay in cache: lines on a 64-byte boundary are written with
     non-temporal stores where the kernel's nibble rows apply; the same bits), ``six`` (6-bit codes,
     four in three bytes, least significant bits first: ``n`` is 1 and each row ``cols / 4 * 3``
-    bytes; GGUF K-quants' sub-block scales and Q6_K's codes).  Every size and
+    bytes; GGUF K-quants' sub-block scales and Q6_K's codes), ``threads`` (native threads that
+    share the rows, each taking the next block of about 2 MiB of output, where
+    :func:`native_threads`; the bits never depend on it).  Every size and
     parameter cell is range-checked in C (ValueError) before any byte is read."""
     if _native is None:
         raise RuntimeError(f"the native extension is not built ({_IMPORT_ERROR})")
-    _native.decode(codes, stride, rows, cols, n, byte_table, params, out, out_kind, span, stream, six)
+    _native.decode(codes, stride, rows, cols, n, byte_table, params, out, out_kind, span, stream, six, threads)
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
@@ -298,3 +306,38 @@ def encode_level() -> int:
         return 0
     cpu = int(_encode.best_level())
     return cpu if _native is None else min(cpu, LEVELS.index(_native.level()))
+
+
+# -- preparing a weight for the matmul kernel (``_matmul.c``'s last section; issue 42 item 6) ---------
+#: unpack_codes' modes: whole slots, a least- or a most-significant-first bit stream (SPEC.md 7.2).
+UNPACK_SLOTS, UNPACK_STREAM_LSB, UNPACK_STREAM_MSB = 0, 1, 2
+
+
+def prepare_available() -> bool:
+    """Whether :func:`unpack_codes` and :func:`weight_span` run natively (as :func:`matmul_available`:
+    the extension built and native kernels not switched off); else their callers take torch ops."""
+    return matmul_available() and hasattr(_matmul, "unpack_codes")
+
+
+def unpack_codes(words: Any, stride: int, rows: int, length: int, bits: int, mode: int, shifts: bytes, out: Any,
+                 nib: bool) -> Any:
+    """The codes of ``rows`` rows of packed bytes (``words``, rows ``stride`` bytes apart, each
+    row's codes from its first byte) into ``out``, the GIL released: uint8 ``[rows, length]``, or
+    with ``nib`` ``[rows, length / 2]`` two codes per byte, low nibble first (what :func:`matmul`
+    reads).  ``mode``: :data:`UNPACK_SLOTS` (``len(shifts)`` codes per byte, code ``j`` at right
+    shift ``shifts[j % len(shifts)]``, slot order folded in), :data:`UNPACK_STREAM_LSB` or
+    :data:`UNPACK_STREAM_MSB` (codes straddling bytes).  Sizes are checked in C (ValueError)."""
+    if _matmul is None:
+        raise RuntimeError("the native matmul extension is not built")
+    _matmul.unpack_codes(words, int(stride), int(rows), int(length), int(bits), int(mode), bytes(shifts), out, bool(nib))
+    return out
+
+
+def weight_span(values: Any, zero: Any, scale: Any, bias: Any, cells: int) -> tuple[float, float]:
+    """(smallest, largest) magnitude of the nonzero finite ``((v - z) * s) + b`` over every value
+    ``v`` (float32, at most 256) and every cell's parameters (float32 ``[cells]`` each, or None:
+    that step skipped), each step one binary32 rounding; ``(inf, 0.0)`` where there is none."""
+    if _matmul is None:
+        raise RuntimeError("the native matmul extension is not built")
+    lo, hi = _matmul.weight_span(values, zero, scale, bias, int(cells))
+    return float(lo), float(hi)

@@ -1682,6 +1682,10 @@ static PyObject *py_cpu_level(PyObject *self, PyObject *args) {
     return PyLong_FromLong(cpu_level());
 }
 
+/* defined in the last section of this file (preparing a weight) */
+static PyObject *py_unpack_codes(PyObject *self, PyObject *args);
+static PyObject *py_weight_span(PyObject *self, PyObject *args);
+
 static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "x @ W^T with W packed (see the file's header)."},
     {"threading", py_threading, METH_VARARGS, "threading([openmp]): which threads run a call's shares (see the file)."},
@@ -1690,6 +1694,8 @@ static PyMethodDef methods[] = {
     {"amx", py_amx, METH_VARARGS, "amx([flag]): whether the AMX path runs; 0 switches it off, 1 back on."},
     {"cpu_bf16", py_cpu_bf16, METH_NOARGS, "Whether the AVX-512 level's bfloat16 dot products (AVX512_BF16) run on this CPU."},
     {"cpu_level", py_cpu_level, METH_NOARGS, "2 where the AVX-512 path runs, 1 where the AVX2+FMA+F16C one, else 0."},
+    {"unpack_codes", py_unpack_codes, METH_VARARGS, "unpack_codes(words, stride, rows, length, bits, mode, shifts, out, nib): codes as this kernel reads them."},
+    {"weight_span", py_weight_span, METH_VARARGS, "weight_span(values, zero, scale, bias, cells): extremes of the nonzero finite candidate weights."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1701,4 +1707,217 @@ PyMODINIT_FUNC PyInit__matmul(void) {
     if (!registered && pthread_atfork(NULL, NULL, pool_after_fork) == 0) registered = 1;
 #endif
     return PyModule_Create(&module);
+}
+
+/* ==== preparing a weight for this kernel (issue 42 item 6): qformat_torch's LutGrouped.prepare ====
+ * Loading a model prepares every layer once; these two steps were most of Gemma 3 270M's first
+ * forward when done with torch ops (the codes' unpacking through int64 temporaries, and the
+ * candidate-weight scan, each a few dozen small parallel regions per layer).  Both are plain
+ * loops here, on one thread with the GIL released; neither touches the matmul code above. */
+#include <float.h>
+#include <math.h>
+
+/* Bytes b[0..n) of a row as one integer, least (lsb) or most (msb) significant byte first. */
+static inline uint64_t load_le(const uint8_t *b, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = v << 8 | b[i];
+    return v;
+}
+static inline uint64_t load_be(const uint8_t *b, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = v << 8 | b[i];
+    return v;
+}
+
+/* The `len` codes of one row of a bit stream of `bits`-bit codes (SPEC.md 7.2, containers of one
+ * byte, codes straddling bytes): code j is bits [j*bits, (j+1)*bits) of the row read as one
+ * little-endian (lsb_first) or big-endian (msb_first) number.  Eight codes fill exactly `bits`
+ * bytes, so whole groups of eight are read with one load each (`bits` is a constant where the
+ * switch below inlines this); a row's last, partial group reads only the bytes its codes need. */
+static inline __attribute__((always_inline)) void stream_row(const uint8_t *w, Py_ssize_t len, uint8_t *out, const int bits,
+                                                             const int msb) {
+    const unsigned mask = (1u << bits) - 1u;
+    Py_ssize_t j = 0;
+    for (; j + 8 <= len; j += 8, w += bits) {
+        const uint64_t v = msb ? load_be(w, bits) : load_le(w, bits);
+        for (int i = 0; i < 8; i++) out[j + i] = (uint8_t)((msb ? v >> (8 * bits - (i + 1) * bits) : v >> (i * bits)) & mask);
+    }
+    if (j < len) { /* the tail: fewer than eight codes, in ceil(rest * bits / 8) bytes */
+        const int rest = (int)(len - j), nb = (rest * bits + 7) / 8;
+        const uint64_t v = msb ? load_be(w, nb) << (8 * (bits - nb)) : load_le(w, nb);
+        for (int i = 0; i < rest; i++) out[j + i] = (uint8_t)((msb ? v >> (8 * bits - (i + 1) * bits) : v >> (i * bits)) & mask);
+    }
+}
+
+static void stream_rows(const uint8_t *w, Py_ssize_t stride, Py_ssize_t rows, Py_ssize_t len, int bits, int msb, uint8_t *out,
+                        Py_ssize_t ostride, uint8_t *tmp) {
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const uint8_t *src = w + r * stride;
+        uint8_t *dst = tmp ? tmp : out + r * ostride;
+#define QF_ROW(B)                                           \
+    case B:                                                 \
+        if (msb)                                            \
+            stream_row(src, len, dst, B, 1);                \
+        else                                                \
+            stream_row(src, len, dst, B, 0);                \
+        break;
+        switch (bits) {
+            QF_ROW(1) QF_ROW(2) QF_ROW(3) QF_ROW(4) QF_ROW(5) QF_ROW(6) QF_ROW(7) QF_ROW(8)
+        }
+#undef QF_ROW
+        if (tmp) /* two codes per byte, low nibble first */
+            for (Py_ssize_t i = 0; i < len / 2; i++) out[r * ostride + i] = (uint8_t)(tmp[2 * i] | tmp[2 * i + 1] << 4);
+    }
+}
+
+/* Whole slots (SPEC.md 7.2: codes that do not straddle bytes): code j of a row is in byte j / n,
+ * at right shift shifts[j % n] (the slot order folded in by the caller). */
+static void slot_rows(const uint8_t *w, Py_ssize_t stride, Py_ssize_t rows, Py_ssize_t len, int bits, const uint8_t *shifts, int n,
+                      uint8_t *out, Py_ssize_t ostride, uint8_t *tmp) {
+    const unsigned mask = (1u << bits) - 1u;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const uint8_t *src = w + r * stride;
+        uint8_t *dst = tmp ? tmp : out + r * ostride;
+        for (Py_ssize_t j = 0; j < len; j++) dst[j] = (uint8_t)((src[j / n] >> shifts[j % n]) & mask);
+        if (tmp)
+            for (Py_ssize_t i = 0; i < len / 2; i++) out[r * ostride + i] = (uint8_t)(tmp[2 * i] | tmp[2 * i + 1] << 4);
+    }
+}
+
+/* unpack_codes(words, stride, rows, length, bits, mode, shifts, out, nib): the codes of `rows`
+ * rows of packed bytes (`stride` bytes apart, the row's codes from its first byte) into `out`:
+ * uint8 [rows, length] or, with nib, [rows, length / 2] two codes per byte, low nibble first
+ * (length even), the codes this kernel reads.  mode 0: whole slots, len(shifts) codes per byte
+ * at those right shifts; 1: a least-significant-first bit stream; 2: a most-significant-first
+ * one.  Every size is checked before a byte is read: a row's codes must lie in its stride. */
+static PyObject *py_unpack_codes(PyObject *self, PyObject *args) {
+    Py_buffer bw = {0}, bs = {0}, bo = {0};
+    Py_ssize_t stride, rows, len, need;
+    int bits, mode, nib, n;
+    uint8_t *tmp = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*nnniiy*w*p", &bw, &stride, &rows, &len, &bits, &mode, &bs, &bo, &nib)) return NULL;
+#define UFAIL(msg)               \
+    do {                         \
+        PyBuffer_Release(&bw);   \
+        PyBuffer_Release(&bs);   \
+        PyBuffer_Release(&bo);   \
+        return bad(msg);         \
+    } while (0)
+    n = (int)bs.len;
+    if (bits < 1 || bits > 8 || mode < 0 || mode > 2 || rows < 0 || len < 0 || stride < 0) UFAIL("bad sizes");
+    if (mode == 0 && (n < 1 || n * bits > 8)) UFAIL("slots: 1 to 8 / bits shifts");
+    for (int i = 0; mode == 0 && i < n; i++)
+        if (((const uint8_t *)bs.buf)[i] + bits > 8) UFAIL("slots: a shift past the byte");
+    if (nib && (bits > 4 || len % 2)) UFAIL("nibbles need codes of at most 4 bits and an even length");
+    if (len > PY_SSIZE_T_MAX / 8) UFAIL("sizes overflow");
+    need = mode == 0 ? (len + n - 1) / n : (len * bits + 7) / 8;
+    if (need > stride) UFAIL("a row's codes do not fit its stride");
+    if (rows && (stride > PY_SSIZE_T_MAX / rows || bw.len < (rows - 1) * stride + need)) UFAIL("words too short");
+    if (rows && len > PY_SSIZE_T_MAX / rows) UFAIL("sizes overflow");
+    if (bo.len < rows * (nib ? len / 2 : len)) UFAIL("out too short");
+    if (nib && len && !(tmp = (uint8_t *)PyMem_RawMalloc((size_t)len))) {
+        PyBuffer_Release(&bw);
+        PyBuffer_Release(&bs);
+        PyBuffer_Release(&bo);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (mode == 0)
+        slot_rows((const uint8_t *)bw.buf, stride, rows, len, bits, (const uint8_t *)bs.buf, n, (uint8_t *)bo.buf, nib ? len / 2 : len, tmp);
+    else
+        stream_rows((const uint8_t *)bw.buf, stride, rows, len, bits, mode == 2, (uint8_t *)bo.buf, nib ? len / 2 : len, tmp);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(tmp);
+    PyBuffer_Release(&bw);
+    PyBuffer_Release(&bs);
+    PyBuffer_Release(&bo);
+    Py_RETURN_NONE;
+#undef UFAIL
+}
+
+/* The extremes of |w| over the nonzero finite candidates w = ((v - z) * s) + b (each step one
+ * binary32 rounding: this file is compiled with -ffp-contract=off; absent parameters skipped) of
+ * every value v and every cell's (z, s, b).  The flags are constants where span_cells is inlined,
+ * so each combination is its own loop.  The values go 16 at a time (a short block padded with
+ * NaN, whose candidates are excluded) into 16 lanes of running extremes, written as selects and
+ * lane-wise min/max so that the loop vectorizes; the lanes are combined at the end.  Min and
+ * max of the same non-NaN set in any order: the torch scan's extremes. */
+static inline __attribute__((always_inline)) void span_cells(const float *v, int nv, const float *z, const float *s, const float *b,
+                                                             Py_ssize_t cells, float *plo, float *phi, const int hz, const int hs,
+                                                             const int hb) {
+    float lo16[16], hi16[16], vb[16];
+    for (int i = 0; i < 16; i++) lo16[i] = INFINITY, hi16[i] = 0.0f;
+    for (int base = 0; base < nv; base += 16) {
+        for (int i = 0; i < 16; i++) vb[i] = base + i < nv ? v[base + i] : NAN;
+        for (Py_ssize_t c = 0; c < cells; c++) {
+            const float zc = hz ? z[c] : 0.0f, sc = hs ? s[c] : 1.0f, bc = hb ? b[c] : 0.0f;
+            for (int i = 0; i < 16; i++) {
+                float w = vb[i];
+                if (hz) w = w - zc;
+                if (hs) w = w * sc;
+                if (hb) w = w + bc;
+                w = fabsf(w);
+                const int ok = w != 0.0f && w <= FLT_MAX; /* nonzero and finite (NaN fails both) */
+                const float wl = ok ? w : INFINITY, wh = ok ? w : 0.0f;
+                lo16[i] = wl < lo16[i] ? wl : lo16[i];
+                hi16[i] = wh > hi16[i] ? wh : hi16[i];
+            }
+        }
+    }
+    float lo = *plo, hi = *phi;
+    for (int i = 0; i < 16; i++) {
+        lo = lo16[i] < lo ? lo16[i] : lo;
+        hi = hi16[i] > hi ? hi16[i] : hi;
+    }
+    *plo = lo, *phi = hi;
+}
+
+/* weight_span(values, zero, scale, bias, cells): (smallest, largest) |w| as above, each parameter
+ * float32 [cells] or None, values float32 (at most 256); (inf, 0.0) where no candidate is nonzero
+ * and finite.  qformat_torch.kernels.LutGrouped._weight_span's scan, bit for bit. */
+static PyObject *py_weight_span(PyObject *self, PyObject *args) {
+    Py_buffer bv = {0}, bp[3];
+    PyObject *po[3];
+    const float *p[3] = {NULL, NULL, NULL};
+    Py_ssize_t cells;
+    int i, nv, got = 0;
+    float lo = INFINITY, hi = 0.0f;
+    (void)self;
+    memset(bp, 0, sizeof bp);
+    if (!PyArg_ParseTuple(args, "y*OOOn", &bv, &po[0], &po[1], &po[2], &cells)) return NULL;
+#define SFAIL(msg)                                       \
+    do {                                                 \
+        PyBuffer_Release(&bv);                           \
+        for (int k_ = 0; k_ < got; k_++) PyBuffer_Release(&bp[k_]); \
+        return msg ? bad(msg) : NULL;                    \
+    } while (0)
+    nv = (int)(bv.len / 4);
+    if (bv.len % 4 || bv.len > 256 * 4 || cells < 0 || cells > PY_SSIZE_T_MAX / 4) SFAIL("values: at most 256 binary32; cells >= 0");
+    for (i = 0; i < 3; i++) {
+        if (po[i] == Py_None) continue;
+        if (PyObject_GetBuffer(po[i], &bp[got], PyBUF_SIMPLE) < 0) SFAIL(NULL);
+        got++;
+        if (bp[got - 1].len < cells * 4) SFAIL("parameter too short");
+        p[i] = (const float *)bp[got - 1].buf;
+    }
+    {
+        const float *v = (const float *)bv.buf, *z = p[0], *s = p[1], *b = p[2];
+        Py_BEGIN_ALLOW_THREADS
+        switch ((z != NULL) << 2 | (s != NULL) << 1 | (b != NULL)) {
+        case 0: span_cells(v, nv, z, s, b, cells, &lo, &hi, 0, 0, 0); break;
+        case 1: span_cells(v, nv, z, s, b, cells, &lo, &hi, 0, 0, 1); break;
+        case 2: span_cells(v, nv, z, s, b, cells, &lo, &hi, 0, 1, 0); break;
+        case 3: span_cells(v, nv, z, s, b, cells, &lo, &hi, 0, 1, 1); break;
+        case 4: span_cells(v, nv, z, s, b, cells, &lo, &hi, 1, 0, 0); break;
+        case 5: span_cells(v, nv, z, s, b, cells, &lo, &hi, 1, 0, 1); break;
+        case 6: span_cells(v, nv, z, s, b, cells, &lo, &hi, 1, 1, 0); break;
+        default: span_cells(v, nv, z, s, b, cells, &lo, &hi, 1, 1, 1); break;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&bv);
+    for (i = 0; i < got; i++) PyBuffer_Release(&bp[i]);
+    return Py_BuildValue("(dd)", (double)lo, (double)hi);
+#undef SFAIL
 }

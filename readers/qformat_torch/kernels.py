@@ -59,10 +59,11 @@ from qformat.descriptor import Descriptor
 from qformat.regions import element_table, full_region, plan_codes, plan_grid
 
 from .decode import _empty_out, apply_codes, decode, grid_values
-from .sources import TensorSource, numpy_view
+from .sources import NumpyView, TensorSource, numpy_view
 
 __all__ = ["POLICIES", "KernelPath", "Prepared", "PATHS", "get_kernel_policy", "set_kernel_policy", "select",
-           "probe", "decode_chunked", "DECODE_CHUNK_ELEMENTS", "clear_workspace", "release_file_pages", "trim_heap"]
+           "probe", "decode_chunked", "DECODE_CHUNK_ELEMENTS", "clear_workspace", "release_file_pages", "trim_heap",
+           "trim_heap_after"]
 
 #: ``"auto"``: native kernels where each kernel weight is within ``2^-8`` relative per rounding
 #: of the decoded weight (see the module doc), else decode; ``"native"``: also where an offset
@@ -120,7 +121,90 @@ def trim_heap() -> bool:
     return True
 
 
+#: Weight elements prepared between two heap trims (:func:`trim_heap_after`).
+TRIM_EVERY_ELEMENTS = 1 << 24
+_TRIM = {"pending": 0}
+_TRIM_LOCK = threading.Lock()
+
+
+def trim_heap_after(elements: int) -> bool:
+    """:func:`trim_heap` once the weights prepared since the last trim reach
+    :data:`TRIM_EVERY_ELEMENTS` elements (``elements``: this preparation's), not after every
+    layer: each trim walks the whole heap and gives its free pages back one system call at a
+    time (Gemma 3 270M's 126 layers: 126 trims, 0.6 s of its first forward; now 5).  A
+    preparation's transients are a few bytes per weight element at most (the torch paths' int32
+    and int64 codes; qformat's own unpacker has none), so the holes left between trims stay
+    within a few times 16M elements' bytes, and a layer of that size or larger is trimmed after
+    at once, as before.  Returns whether a trim was made."""
+    with _TRIM_LOCK:
+        _TRIM["pending"] += max(0, int(elements))
+        if _TRIM["pending"] < TRIM_EVERY_ELEMENTS:
+            return False
+        _TRIM["pending"] = 0
+    return trim_heap()
+
+
 _MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim these pages (clean file pages are dropped, nothing is lost)
+
+
+#: File mappings (start, end) found by :func:`_in_file_mapping`, most recent first: QLinear's
+#: components and decoded tensors all lie in the few mappings of the checkpoint's files.
+_FILE_MAPS: list[tuple[int, int]] = []
+_FILE_MAPS_LOCK = threading.Lock()
+
+
+def _still_file_mapped(a: int, b: int) -> bool | None:
+    """Whether a mapping of a file spans exactly [a, b) now: ``/proc/self/map_files`` lists one
+    entry per file mapping, named by its range (None where it cannot be read: then the caller
+    reads ``/proc/self/maps``)."""
+    import os
+
+    try:
+        os.lstat(f"/proc/self/map_files/{a:x}-{b:x}")
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+
+
+def _in_file_mapping(lo: int, hi: int) -> bool:
+    """Whether [lo, hi) lies wholly inside one mapping of a file (an inode and a path: not
+    [heap], [stack] or anonymous memory).  A mapping found before is confirmed through
+    ``/proc/self/map_files`` (one lstat); else ``/proc/self/maps`` is read up to the mapping that
+    holds lo: a whole read takes milliseconds (it lists every mapped library, and the kernel
+    writes each line on demand), which QLinear's preparation paid for each component."""
+    with _FILE_MAPS_LOCK:
+        for i, (a, b) in enumerate(_FILE_MAPS):
+            if a <= lo and hi <= b:
+                ok = _still_file_mapped(a, b)
+                if ok:
+                    return True
+                del _FILE_MAPS[i]  # gone or replaced (or unknown): read the maps again
+                break
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            a, b = (int(x, 16) for x in parts[0].split("-"))
+            if a > lo:
+                return False  # the lines are in address order: no mapping holds lo
+            if a <= lo and hi <= b:
+                if len(parts) < 6 or parts[4] == "0" or not parts[5].strip().startswith("/"):
+                    return False
+                with _FILE_MAPS_LOCK:
+                    _FILE_MAPS.insert(0, (a, b))
+                    del _FILE_MAPS[8:]
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def _madvise() -> Any:
+    import ctypes
+
+    fn = ctypes.CDLL(None, use_errno=True).madvise
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
 
 
 def release_file_pages(t: torch.Tensor) -> bool:
@@ -148,22 +232,9 @@ def release_file_pages(t: torch.Tensor) -> bool:
         start = t.data_ptr()
         end = start + t.numel() * t.element_size()
         lo, hi = -(-start // page) * page, end // page * page
-        if hi <= lo:
+        if hi <= lo or not _in_file_mapping(lo, hi):
             return False
-        with open("/proc/self/maps") as f:
-            for line in f:
-                parts = line.split(maxsplit=5)
-                a, b = (int(x, 16) for x in parts[0].split("-"))
-                if a <= lo and hi <= b:
-                    # a file mapping: an inode and a path (not [heap], [stack], anonymous memory)
-                    if len(parts) < 6 or parts[4] == "0" or not parts[5].strip().startswith("/"):
-                        return False
-                    break
-            else:
-                return False
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_PAGEOUT) == 0
+        return _madvise()(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_PAGEOUT) == 0
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -228,10 +299,54 @@ def _plain_2d(desc: Descriptor, device: torch.device) -> bool:
 
 
 def _grid(desc: Descriptor, prm: Any, comps: dict[str, torch.Tensor]) -> torch.Tensor:
-    """A parameter's binary32 values over its whole grid (stored or encoded, any order)."""
-    src = TensorSource(comps, torch.device("cpu"))
+    """A parameter's binary32 values over its whole grid (stored or encoded, any order), in a
+    tensor of its own (never a view of a component: callers may write it).
+
+    Components on the CPU go through the core's NumPy reader (a two-level parameter by the
+    core's decoder, its native kernel where it covers it): the torch decoder's values, bit for
+    bit (the two decoders are held equal by the differential tests, and this route by
+    tests/readers/test_prepare_native.py), without its dozen small torch ops per parameter,
+    each a parallel region whose barrier cost milliseconds with the cores busy (Gemma 3 270M's
+    153 parameter grids: 1.7 s of its first forward on a loaded 2-core machine, against 0.1 s)."""
     box = full_region(prm.blocks.grid_shape(desc.shape))
-    return grid_values(plan_grid(prm, desc, box), src, 0).contiguous()
+    if comps and all(t.device.type == "cpu" for t in comps.values()):
+        return torch.from_numpy(np.ascontiguousarray(_grid_numpy(desc, prm, comps, box)))  # a fresh array (astype copies)
+    g = grid_values(plan_grid(prm, desc, box), TensorSource(comps, torch.device("cpu")), 0).contiguous()
+    own = {t.untyped_storage().data_ptr() for t in comps.values()}
+    return g.clone() if g.untyped_storage().data_ptr() in own else g  # binary32 components come back as they are
+
+
+def _grid_numpy(desc: Descriptor, prm: Any, comps: dict[str, torch.Tensor], box: Any) -> np.ndarray:
+    """:func:`_grid` by the core (float32): a stored grid widened exactly, an encoded one decoded
+    whole (SPEC.md 10.6), rounded to its logical dtype and widened, as the torch decoder's
+    :func:`~qformat_torch.decode.grid_values` does."""
+    from qformat.decode import decode as np_decode
+    from qformat.regions import grid_array
+
+    src = _ViewSource(TensorSource(comps, torch.device("cpu")))
+    g = plan_grid(prm, desc, box)
+    if prm.encoded is not None:
+        whole = np_decode(prm.encoded, src, threads=1)
+        cut = whole[tuple(slice(lo, hi) for lo, hi in g.box)] if g.box else whole
+        return cut.astype(np.float32)
+    return grid_array(prm, desc, src, box).astype(np.float32)
+
+
+class _ViewSource(NumpyView):
+    """The core's NumPy source over CPU components, as views of their bytes where they are
+    contiguous (the parameters' bytes are only read; :class:`NumpyView` copies each)."""
+
+    def array(self, name: str) -> np.ndarray:
+        from qformat import dtypes as qdtypes
+
+        from .dtypes import int_view_dtype, storage_name, torch_to_numpy
+
+        t = self.src.read(name)
+        if t.is_contiguous() and t.dtype is not torch.bool and t.numel():
+            npdt = qdtypes.storage_numpy(storage_name(t.dtype))
+            if npdt is not None and npdt.itemsize == t.element_size():
+                return t.view(int_view_dtype(t.element_size())).numpy().view(npdt)
+        return torch_to_numpy(t)
 
 
 def _codes(desc: Descriptor, comps: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -520,12 +635,16 @@ class LutGrouped(KernelPath):
         lut[:valid] = table[:valid]
         params = {}
         for role, (prm, bn, bk) in zip([r for r in ("zero", "scale", "bias") if getattr(desc, r) is not None], found):
-            grid = _grid(desc, prm, comps).to(torch.float32).reshape(-(-n // bn), -(-k // bk))
-            rows = torch.arange(n) // bn
-            cols = torch.arange(0, k, g) // bk
-            params[role] = grid[rows][:, cols].contiguous()
+            grid = _grid(desc, prm, comps).to(torch.float32).reshape(-(-n // bn), -(-k // bk)).numpy()
+            if bn == 1 and bk == g:  # one cell per (row, group) already (GGUF's blocks); _grid's tensor is our own
+                cell = np.ascontiguousarray(grid)
+            else:
+                cell = np.ascontiguousarray(grid[np.arange(n) // bn][:, np.arange(0, k, g) // bk])
             if role == "bias" and prm.op == "subtract":
-                params[role].neg_()  # x - b and x + (-b) are the same binary32 operation
+                np.negative(cell, out=cell)  # x - b and x + (-b) are the same binary32 operation
+            # NumPy, not torch, for these small arrays: each torch op is a parallel region, whose
+            # barrier cost milliseconds per op with the cores busy (measured on Gemma 3's 126 layers)
+            params[role] = torch.from_numpy(cell)
         span = self._weight_span(lut[:valid], params, nib)
         rel, other = self._logical_rounding(desc.dtype, span)
         if not _allowed(policy, rel, other):
@@ -573,16 +692,21 @@ class LutGrouped(KernelPath):
         v = values.astype(np.float64)
         v = v[np.isfinite(v)]
         if "zero" not in params and "bias" not in params:
-            s = params["scale"].double().abs().numpy() if "scale" in params else np.ones(1)
+            s = np.abs(params["scale"].numpy().astype(np.float64)) if "scale" in params else np.ones(1)
             s = s[np.isfinite(s)]
             nz_v, nz_s = np.abs(v[v != 0]), s[s != 0]
             if not nz_v.size or not nz_s.size:
                 return np.inf, 0.0
             return float(nz_v.min() * nz_s.min()), float(nz_v.max() * nz_s.max())
         if nib:
-            lo, hi = np.inf, 0.0
+            from qformat import kernels as qk
+
             z, sc, b = params.get("zero"), params.get("scale"), params.get("bias")
             rows, groups = next(iter(params.values())).shape
+            if qk.prepare_available():  # the same binary32 steps in one native loop (no temporaries)
+                arr = lambda t: None if t is None else np.ascontiguousarray(t.numpy(), np.float32)  # noqa: E731
+                return qk.weight_span(np.ascontiguousarray(values, np.float32), arr(z), arr(sc), arr(b), rows * groups)
+            lo, hi = np.inf, 0.0
             step = max(1, (1 << 18) // max(1, groups))
             t = torch.from_numpy(values.astype(np.float32))
             for a in range(0, rows, step):  # the kernel's own binary32 steps, per group (a zero point or bias broadcasts t)
@@ -613,6 +737,8 @@ class LutGrouped(KernelPath):
         if not nib and plain and desc.codes.element.bits == 8 and tuple(stored.shape) == (n, k):
             return stored.view(torch.uint8)
         out = torch.empty((n, k // 2 if nib else k), dtype=torch.uint8)
+        if LutGrouped._unpack_native(desc, stored, nib, out):
+            return out
         step = max(1, (1 << 20) // k)  # rows per chunk: the read plan's int64 codes stay small
         src = TensorSource(comps, torch.device("cpu"))
         for a in range(0, n, step):
@@ -620,6 +746,35 @@ class LutGrouped(KernelPath):
             c = apply_codes(plan_codes(desc, ((a, b), (0, k))), src).to(torch.uint8)
             out[a:b] = (c[:, 0::2] | (c[:, 1::2] << 4)) if nib else c
         return out
+
+    @staticmethod
+    def _unpack_native(desc: Descriptor, stored: torch.Tensor, nib: bool, out: torch.Tensor) -> bool:
+        """``out`` filled with the codes by :func:`qformat.kernels.unpack_codes` (one pass over
+        the stored bytes) where the packing is rows of bytes along in_features (any bit order,
+        slot order, straddling codes, row alignment; not planes); False elsewhere (the caller
+        takes the read plan).  The same codes as the read plan's, bit for bit
+        (tests/readers/test_prepare_native.py)."""
+        from qformat import kernels as qk
+        from qformat.descriptor import codes_shape
+        from qformat.packing import inverse_permutation, slot_shifts
+
+        p, bits = desc.codes.packing, desc.codes.element.bits
+        n, k = desc.shape
+        if not qk.prepare_available() or p.container != 8 or p.axis != 1 or p.order is not None or p.planes_span is not None:
+            return False
+        stride = codes_shape(desc).words_per_row
+        if stored.device.type != "cpu" or stored.element_size() != 1 or not stored.is_contiguous() or stored.numel() != n * stride:
+            return False
+        if p.uses_slots(bits):
+            shifts = slot_shifts(p, bits).astype(np.int64)
+            if p.slot_order is not None:  # code i of a byte is in slot slot_order^-1[i]
+                shifts = shifts[inverse_permutation(p.slot_order)]
+            mode = qk.UNPACK_SLOTS
+        else:
+            shifts = np.zeros(0, np.int64)
+            mode = qk.UNPACK_STREAM_LSB if p.bit_order == "lsb_first" else qk.UNPACK_STREAM_MSB
+        qk.unpack_codes(stored.view(torch.uint8).numpy(), stride, n, k, bits, mode, bytes(shifts.astype(np.uint8)), out.numpy(), nib)
+        return True
 
     @staticmethod
     def _byte_kind(values: np.ndarray, valid: int, codes: torch.Tensor) -> str:

@@ -143,7 +143,9 @@ class QLinear(nn.Module):
                 buf = getattr(self, bname)
                 if buf.untyped_storage().data_ptr() not in shared:
                     kernels.release_file_pages(buf)
-            kernels.trim_heap()  # the repack's transients leave holes around the copy (see trim_heap)
+            # the repack's transients leave holes around the copy (see trim_heap): trimmed once
+            # every few million weight elements prepared rather than after each layer
+            kernels.trim_heap_after(self.out_features * self.in_features)
 
     def _apply(self, fn: Any, recurse: bool = True) -> "QLinear":  # .to(), .cuda(), .half(), ...
         out = super()._apply(fn, recurse)
