@@ -146,6 +146,31 @@ class GGUFFile:
         except UnicodeDecodeError as e:
             raise source_error(f"{what}: expected UTF-8 text, found {e.reason} at byte {e.start}", field=what) from None
 
+    def _strs(self, n: int, what: str) -> list[str]:
+        """``n`` strings (an array's elements ``what[j]``): what ``_str`` reads and checks, with
+        the same errors, in one loop (a vocabulary is hundreds of thousands of them)."""
+        mm, size, pos = self._mm, self.size, self._pos
+        unpack = struct.unpack_from
+        out: list[str] = []
+        append = out.append
+        for j in range(n):
+            if size - pos < 8:
+                self._pos = pos
+                self._need(8, f"{what}[{j}] length")
+            (length,) = unpack("<Q", mm, pos)
+            pos += 8
+            if length > size - pos:
+                self._pos = pos
+                self._need(length, f"{what}[{j}]")
+            raw = mm[pos : pos + length]
+            pos += length
+            try:
+                append(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise source_error(f"{what}[{j}]: expected UTF-8 text, found {e.reason} at byte {e.start}", field=f"{what}[{j}]") from None
+        self._pos = pos
+        return out
+
     def _count(self, n: int, each: int, what: str) -> None:
         """Refuse a count whose smallest encoding would already run past the end of the file."""
         room = self.size - self._pos
@@ -258,7 +283,7 @@ class GGUFFile:
                     return KV("array", [bool(v) for v in arr.tolist()], ename)
                 return KV("array", arr.tolist(), ename)
             if et == 8:
-                return KV("array", [self._str(f"{what}[{j}]") for j in range(n)], ename)
+                return KV("array", self._strs(n, what), ename)
             return KV("array", [self._value(9, f"{what}[{j}]", depth + 1) for j in range(n)], ename)
         assert fmt is not None and size is not None
         self._need(size, what)
