@@ -124,14 +124,14 @@ def _assert_linear(what: str, n: int, measure: Callable[[], tuple[float, float]]
 
 
 FILE_CASES = {
-    "load_file": (_plain, 6000, qformat.load_file),
-    "safe_open + get_tensor": (_plain, 6000, _each()),
-    "check --header-only": (_plain, 6000, _checked(payload=False)),
-    "check": (_plain, 6000, _checked()),
-    "inspect": (_plain, 3000, _inspect),
-    "load_file(verify=True)": (_digested, 3000, lambda p: qformat.load_file(p, verify=True)),
-    "safe_open(verify=True) + get_tensor": (_digested, 3000, _each(verify=True)),
-    "check --digests": (_digested, 3000, _checked(digests=True)),
+    "load_file": (_plain, 3000, qformat.load_file),
+    "safe_open + get_tensor": (_plain, 3000, _each()),
+    "check --header-only": (_plain, 3000, _checked(payload=False)),
+    "check": (_plain, 3000, _checked()),
+    "inspect": (_plain, 1500, _inspect),
+    "load_file(verify=True)": (_digested, 1500, lambda p: qformat.load_file(p, verify=True)),
+    "safe_open(verify=True) + get_tensor": (_digested, 1500, _each(verify=True)),
+    "check --digests": (_digested, 1500, _checked(digests=True)),
     "load_file, quantized": (_quantized, 150, qformat.load_file),
     "check, quantized": (_quantized, 150, _checked()),
 }
