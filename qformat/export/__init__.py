@@ -11,8 +11,9 @@ tensor, the target and the reason).  Then each tensor is built, decoded again by
 own rule and compared with qformat's binary32 values bit for bit (:func:`~.base.checked`);
 a difference is ``EXPORT_NOT_EXACT``.  With ``allow_rounding`` a tensor with no exact form is
 re-encoded with a scheme the target holds (:meth:`~.base.Target.fallback`) and every inexact
-tensor is reported with its max abs difference and SQNR.  One tensor at a time, written
-atomically: on any refusal nothing is left at ``dst``.  SPEC.md Appendix D gives each
+tensor is reported with its max abs difference and SQNR.  One tensor at a time (GGUF's block
+types one slice of rows at a time, built, checked and written as they come:
+:func:`~.base.checked_chunks`), written atomically: on any refusal nothing is left at ``dst``.  SPEC.md Appendix D gives each
 target's mapping table.
 """
 
@@ -23,7 +24,8 @@ from typing import Any, TextIO
 
 from ..checkpoint.writer import check_destination, destination_error, resolve_destination, writing_for
 from ..errors import error
-from .base import Context, ExportPlan, Mapped, Parts, Refusal, Report, TensorExport, Target, checked, plain_mapped, unmappable
+from .base import (Context, ExportPlan, Mapped, Parts, Refusal, Report, TensorExport, Target, checked, checked_chunks, plain_mapped,
+                   row_chunkable, unmappable)
 from .registry import get, targets
 
 
@@ -80,9 +82,11 @@ def plan_export(target: Target, ck: Any, described: Any, ctx: Context, report: R
             tensors.append(TensorExport(name, mapped, item.file, _reencoded(name, target, mapped, desc, ctx, report, scheme, params, label),
                                         reencoded=label.strip()))
             continue
-        tensors.append(TensorExport(name, mapped, item.file, checked(
-            name, target.name, mapped, lambda d=desc, n=name: Parts(d, ctx.source, n), lambda p, m=mapped: p.decoded(own_dtype=m.in_dtype),
-            ctx.allow_rounding, report)))
+        make_parts = (lambda d=desc, n=name: Parts(d, ctx.source, n))
+        want = (lambda p, m=mapped: p.decoded(own_dtype=m.in_dtype))
+        chunks = checked_chunks(name, target.name, mapped, make_parts, want, report) if row_chunkable(mapped, desc, ctx.allow_rounding) else None
+        tensors.append(TensorExport(name, mapped, item.file, checked(name, target.name, mapped, make_parts, want, ctx.allow_rounding, report),
+                                    chunks=chunks))
     return ExportPlan(tensors, report)
 
 

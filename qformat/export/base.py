@@ -19,16 +19,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from ..container import TensorSpec
-from ..decode import decode_full
+from ..decode import decode, decode_full
 from ..descriptor import Descriptor, Param
 from ..elements import Element
 from ..errors import QFormatError, error
-from ..regions import element_table, full_region, grid_array, read_codes
+from ..regions import element_table, full_region, grid_array, plan_codes, read_codes
 from ..sources import Source
 
 
@@ -44,17 +44,34 @@ class Refusal(Exception):
 class Parts:
     """A qformat tensor's pieces, as a target needs them: the code grid, the parameter grids
     (stored values, or binary32 values, or the nested tensor of an encoded parameter) and the
-    decoded binary32 values.  A device layout is taken to its canonical view once, here."""
+    decoded binary32 values.  A device layout is taken to its canonical view once, here.
 
-    def __init__(self, desc: Descriptor | None, src: Source, name: str | None = None):
+    ``rows`` (``(r0, r1)`` on axis 0, or None for the whole tensor) restricts every read to
+    those rows: codes, parameter grids (whose blocks must then be one row tall: the caller
+    checks, :func:`row_chunkable`), nested tensors and the decoded values, so a target can build
+    and check a tensor a slice of rows at a time (:func:`checked_chunks`)."""
+
+    def __init__(self, desc: Descriptor | None, src: Source, name: str | None = None, rows: tuple[int, int] | None = None):
         from ..layouts import canonical_view
 
         self.name = name
         self.original = desc
+        self.rows = rows
         if desc is None:  # a plain tensor: only ``src`` is used
             self.desc, self.src = desc, src  # type: ignore[assignment]
         else:
             self.desc, self.src = canonical_view(desc, src)
+
+    def row_slice(self, r0: int, r1: int) -> "Parts":
+        """These parts restricted to rows ``r0:r1`` of axis 0 (the canonical view is shared)."""
+        p = object.__new__(Parts)
+        p.name, p.original, p.desc, p.src, p.rows = self.name, self.original, self.desc, self.src, (r0, r1)
+        return p
+
+    def region(self) -> tuple[tuple[int, int], ...]:
+        """The logical region these parts read: every element, or the rows of :attr:`rows`."""
+        full = full_region(self.desc.shape)
+        return full if self.rows is None else (self.rows,) + tuple(full[1:])
 
     @property
     def element(self) -> Element:
@@ -67,7 +84,7 @@ class Parts:
     def codes(self) -> np.ndarray:
         """The code of every logical element (uint8, the logical shape): the stored bit
         pattern, before the element encoding turns it into a value."""
-        return read_codes(self.desc, self.src, full_region(self.desc.shape))
+        return fast_codes(self.desc, self.src, self.region())
 
     def element_values(self) -> np.ndarray:
         """The binary32 value of each of the 2^bits codes (§6), from the element (or its table)."""
@@ -81,7 +98,14 @@ class Parts:
         p = self._param(role)
         if p.encoded is not None:
             raise Refusal(f"the {role} is encoded (a nested descriptor), not stored")
-        return np.ascontiguousarray(grid_array(p, self.desc, self.src))
+        box = None
+        if self.rows is not None:
+            box = full_region(p.blocks.grid_shape(self.desc.shape))
+            sizes = block_sizes(p, self.shape)
+            if sizes is None or (sizes[0] != 1 and self.shape[0] != 1):
+                raise ValueError(f"the {role}'s blocks are not one row tall; the tensor cannot be read by rows")
+            box = ((self.rows[0], self.rows[1]) if sizes[0] == 1 else (0, 1),) + tuple(box[1:])
+        return np.ascontiguousarray(grid_array(p, self.desc, self.src, box))
 
     def storage(self, role: str) -> str:
         """The safetensors dtype a stored parameter is kept in (``F16``, ``F32``, ...)."""
@@ -108,7 +132,7 @@ class Parts:
         p = self._param(role)
         if p.encoded is None:
             raise Refusal(f"the {role} is stored, not encoded")
-        return Parts(p.encoded, self.src, self.name)
+        return Parts(p.encoded, self.src, self.name, self.rows)
 
     def decoded(self, own_dtype: bool = False) -> np.ndarray:
         """The tensor decoded (§10) in binary32, before the conversion to its logical dtype
@@ -116,6 +140,11 @@ class Parts:
         values are).  A plain tensor (no descriptor): its stored values widened to binary32."""
         if self.desc is None:
             return np.asarray(self.src.array(self.name)).astype(np.float32)
+        if self.rows is not None:
+            region = self.region()
+            if own_dtype:
+                return np.asarray(decode(self.desc, self.src, region, tensor=self.name)).astype(np.float32)
+            return np.asarray(decode(dataclasses.replace(self.desc, dtype="float32"), self.src, region, tensor=self.name))
         if own_dtype:
             out = decode_full(self.desc, self.src, tensor=self.name)
             return np.asarray(out).astype(np.float32)
@@ -126,6 +155,41 @@ class Parts:
         if p is None:
             raise Refusal(f"there is no {role}")
         return p
+
+
+def _native_unpack() -> Any:
+    """``_ggml.unpack`` when the native GGUF extension runs and has it (an extension built
+    before it does not: the NumPy path reads the codes, the same ones), else None."""
+    from .. import kernels
+
+    if not kernels.ggml_available():
+        return None
+    return getattr(kernels._ggml, "unpack", None)
+
+
+def fast_codes(desc: Descriptor, src: Source, region: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """:func:`~qformat.regions.read_codes` of ``region``, the common case in one native pass:
+    codes packed as a little-endian bit stream in bytes along the last stored axis (``lsb_first``,
+    container 8, no slot order or planes, no storage order; what ``qformat convert`` and scheme
+    ``gguf`` store) are unpacked by ``_ggml.unpack`` (8-bit codes are the bytes themselves).
+    Anything else, or without the extension, goes through ``read_codes``; both give the same codes."""
+    plan = plan_codes(desc, region)
+    p, bits = plan.packing, plan.bits
+    unpack = _native_unpack()
+    if (unpack is None or plan.axis is None or plan.axis != len(plan.words_shape) - 1 or plan.to_logical is not None
+            or p.container != 8 or p.bit_order != "lsb_first" or p.slot_order is not None or p.planes_span is not None
+            or not (p.straddle or 8 % bits == 0)):
+        return read_codes(desc, src, region)
+    words = np.asarray(src.array(plan.tensor)).view(np.uint8).reshape(plan.words_shape)[plan.box]
+    lead = words.shape[:-1]
+    rows = math.prod(lead)
+    if bits == 8:
+        codes = words[..., : plan.length]
+    else:
+        codes = np.empty(lead + (plan.length,), np.uint8)
+        if rows and plan.length:
+            unpack(np.ascontiguousarray(words).reshape(rows, words.shape[-1]), bits, rows, codes)
+    return codes[..., plan.cut[0] : plan.cut[1]]
 
 
 def widen(a: np.ndarray, storage: str) -> np.ndarray:
@@ -209,6 +273,10 @@ class Mapped:
     #: compared with qformat's values in that dtype (``Parts.decoded(own_dtype=True)``), not
     #: with the binary32 step before it.
     in_dtype: bool = False
+    #: ``build`` and ``decode`` work on any slice of rows (axis 0) as on the whole tensor (the
+    #: built array's axis 0 is the tensor's rows, its blocks lie within a row): the target may
+    #: then build, check and write the tensor a slice of rows at a time (:func:`checked_chunks`).
+    row_chunks: bool = False
 
 
 @dataclass
@@ -312,6 +380,10 @@ class TensorExport:
     file: str
     produce: Callable[[], Mapping[str, np.ndarray]]
     reencoded: str | None = None
+    #: for a target that writes as it goes (GGUF): the tensor's single target array in slices of
+    #: rows, each built and checked before it is yielded (:func:`checked_chunks`); None: use
+    #: ``produce``
+    chunks: Callable[[], Iterator[np.ndarray]] | None = None
 
 
 @dataclass
@@ -404,6 +476,72 @@ def checked(name: str, target: str, mapped: Mapped, parts: Callable[[], Parts], 
         return arrays
 
     return produce
+
+
+#: Elements a chunked export builds, decodes and compares at a time (a few MB of temporaries).
+CHUNK_ELEMENTS = 1 << 19
+
+
+def row_chunkable(mapped: Mapped, desc: Descriptor | None, allow_rounding: bool) -> bool:
+    """Whether :func:`checked_chunks` can produce this tensor: a mapping that works on slices of
+    rows, a tensor of two axes or more whose parameters' blocks are one row tall, and no
+    rounding allowed (a rounded tensor's SQNR is reported over the whole tensor)."""
+    if not mapped.row_chunks or desc is None or allow_rounding or len(desc.shape) < 2 or len(mapped.specs) != 1:
+        return False
+
+    def ok(d: Descriptor) -> bool:
+        for p in (d.scale, d.bias, d.zero):
+            if p is None:
+                continue
+            if p.encoded is not None:
+                if not ok(p.encoded) or len(p.encoded.shape) != len(d.shape) or p.encoded.shape[0] != d.shape[0]:
+                    return False
+                continue
+            sizes = block_sizes(p, tuple(d.shape))
+            if sizes is None or (sizes[0] != 1 and d.shape[0] != 1):
+                return False
+        return True
+
+    return ok(desc)
+
+
+def checked_chunks(name: str, target: str, mapped: Mapped, parts: Callable[[], Parts], want: Callable[[Parts], np.ndarray],
+                   report: Report, chunk_elements: int | None = None) -> Callable[[], Iterator[np.ndarray]]:
+    """:func:`checked` for a tensor :func:`row_chunkable` accepts, a slice of rows at a time: each
+    slice's target array is built, decoded with the target's rule, compared bit for bit with
+    qformat's values of those rows and yielded, in order; so memory holds one slice's arrays,
+    not the tensor's.  (Slices made on two threads measured no faster on a loaded 2-core machine
+    and raised the peak by a second malloc arena's worth, about 30 MB on Gemma 3 270M.)  A
+    difference raises ``EXPORT_NOT_EXACT`` (there is no rounding on this path)."""
+    (spec,) = mapped.specs
+
+    def one(p: Parts) -> np.ndarray:
+        arrays = mapped.build(p)
+        if mapped.decode is not None:
+            got = mapped.decode(arrays)
+            c = compare(want(p), got)
+            del got
+            if not c.exact:
+                how = "only in the sign of zero" if c.signed_zeros == c.mismatches else f"max abs difference {c.max_abs:.3g}"
+                raise not_exact(name, target, f"{c.mismatches} values differ as {mapped.kind} ({how})")
+        return arrays[spec.name]
+
+    def chunks() -> Iterator[np.ndarray]:
+        whole = parts()
+        shape = whole.shape
+        per_row = max(1, math.prod(shape[1:]))
+        d = whole.desc
+        elements = chunk_elements or CHUNK_ELEMENTS
+        if any(p is not None and p.encoded is not None for p in (d.scale, d.bias, d.zero)):
+            # a two-level parameter's grid is decoded whole for every slice (SPEC.md 10.6):
+            # at most 8 slices, so that costs at most half the tensor again
+            elements = max(elements, shape[0] * per_row // 8)
+        step = max(1, elements // per_row)
+        for r0 in range(0, shape[0], step):
+            yield one(whole.row_slice(r0, min(shape[0], r0 + step)))
+        report.results.append(TensorResult(name, mapped.kind, True))
+
+    return chunks
 
 
 def plain_mapped(name: str, dtype: str, shape: Iterable[int], out_name: str | None = None) -> Mapped:

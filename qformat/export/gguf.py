@@ -116,9 +116,35 @@ def encode_values(v: np.ndarray, bits: int, signedness: str) -> np.ndarray:
 
 
 # -- blocks ----------------------------------------------------------------------------------------
-def _insert(blocks: np.ndarray, f: _Field, codes: np.ndarray) -> None:
-    """OR ``codes`` ([nblocks, codes per block], below 2^bits) into their bits of ``blocks``:
-    the inverse of ``_Field.extract`` over the same compiled runs."""
+def _insert(blocks: np.ndarray, f: _Field, codes: np.ndarray, lut: np.ndarray | None = None) -> None:
+    """OR ``codes`` ([nblocks, codes per block], below 2^bits; ``lut[codes]`` when a 256-entry
+    uint8 ``lut`` is given) into their bits of ``blocks``: the inverse of ``_Field.extract`` over
+    the same compiled runs (``_ggml.insert`` where the native extension runs: the same bytes, one
+    pass; else :func:`_insert_numpy`)."""
+    from .. import kernels
+
+    native = getattr(kernels._ggml, "insert", None) if kernels.ggml_available() else None
+    nb = blocks.shape[0]
+    if native is None or nb == 0 or not blocks.flags.c_contiguous:
+        _insert_numpy(blocks, f, codes if lut is None else lut[codes])
+        return
+    if lut is None:
+        native(blocks, np.ascontiguousarray(codes, np.uint8), _runs_array(f), nb)
+    else:
+        native(blocks, np.ascontiguousarray(codes, np.uint8), _runs_array(f), nb, np.ascontiguousarray(lut, np.uint8))
+
+
+def _runs_array(f: _Field) -> np.ndarray:
+    """A field's compiled runs as int32 rows (c0, n, b0, rs, mask, ls), cached on the field."""
+    a = f.__dict__.get("_runs_i32")
+    if a is None:
+        a = np.array([r for runs in f._runs for r in runs], np.int32).reshape(-1, 6)  # type: ignore[attr-defined]
+        object.__setattr__(f, "_runs_i32", a)
+    return a
+
+
+def _insert_numpy(blocks: np.ndarray, f: _Field, codes: np.ndarray) -> None:
+    """:func:`_insert` in NumPy."""
     for runs in f._runs:  # type: ignore[attr-defined]
         for c0, n, b0, rs, mask, ls in runs:
             v = codes[:, c0 : c0 + n]
@@ -154,7 +180,34 @@ def _f16_bits(parts: Parts, role: str) -> np.ndarray:
         return parts.values(role).reshape(-1).astype(np.float16).view(np.uint16)
 
 
+#: The types ``_ggml.dequantize`` (ggml's dequantize_row_<type> in C) decodes.
+NATIVE_DECODE = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
+
+
+def _native_dequantize() -> Any:
+    """``_ggml.dequantize`` where the native GGUF extension runs and has it, else None."""
+    from .. import kernels
+
+    if not kernels.ggml_available():
+        return None
+    return getattr(kernels._ggml, "dequantize", None)
+
+
 def _decode(t: _Type, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """gguf-py's ``quants.dequantize`` of ``raw`` blocks of type ``t`` (binary32): ggml's
+    ``dequantize_row_<type>`` in C for the legacy and K types where the native extension runs
+    (the same products in the same order; tests compare it with :func:`_decode_numpy`), else
+    :func:`_decode_numpy`."""
+    deq = _native_dequantize() if t.name in NATIVE_DECODE else None
+    if deq is None:
+        return _decode_numpy(t, raw, shape)
+    b = np.ascontiguousarray(raw).reshape(-1)
+    out = np.empty(b.size // t.size * t.block, np.float32)
+    deq(t.name, b, out)
+    return out.reshape(shape)
+
+
+def _decode_numpy(t: _Type, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """gguf-py's ``quants.dequantize`` of ``raw`` blocks of type ``t`` in NumPy (binary32)."""
     b = np.asarray(raw).reshape(-1, t.size)
     n = b.shape[0]
@@ -241,21 +294,30 @@ def _simple(name: str, out: str, desc: Descriptor, ctx: Context) -> Mapped:
         negate = b.op == "subtract"  # x*s - b == x*s + (-b); negating an F16 is exact
     t = BY_NAME[choice[0]]
     lut = encode_values(code_values(bits, sgn), t.codes.bits, t.codes.signedness)
+    table = np.zeros(256, np.uint8)
+    table[: lut.size] = lut  # codes are below 2^bits: the rest is never read
     shape = tuple(desc.shape)
     lead, K = shape[:-1], shape[-1]
 
     def build(parts: Parts) -> Mapping[str, np.ndarray]:
-        codes = lut[parts.codes()].reshape(-1, t.block)
+        codes = parts.codes().reshape(-1, t.block)
         blocks = np.zeros((codes.shape[0], t.size), np.uint8)
-        _insert(blocks, t.codes, codes)
+        _insert(blocks, t.codes, codes, table)
         del codes
         _put_f16(blocks, t.d, _f16_bits(parts, "scale"))
         if t.m is not None:
             m = _f16_bits(parts, "bias")
             _put_f16(blocks, t.m, m ^ np.uint16(0x8000) if negate else m)
-        return {out: blocks.reshape(lead + (K // t.block * t.size,))}
+        return {out: blocks.reshape(_rows_shape(lead, K // t.block * t.size))}
 
-    return Mapped(t.name, [TensorSpec(out, t.name, shape)], build, lambda a: _decode(t, a[out], shape), {"ggml_type": t.name})
+    return Mapped(t.name, [TensorSpec(out, t.name, shape)], build, lambda a: _decode(t, a[out], _rows_shape(lead, K)), {"ggml_type": t.name},
+                  row_chunks=True)
+
+
+def _rows_shape(lead: tuple[int, ...], last: int) -> tuple[int, ...]:
+    """The shape of a slice of rows (axis 0 of any length) of a tensor ``lead + (last,)``: a
+    block type's build and decode work on the whole tensor or on rows of it alike."""
+    return ((-1,) + lead[1:] + (last,)) if lead else (last,)
 
 
 def _kquant(name: str, out: str, desc: Descriptor, ctx: Context) -> Mapped:
@@ -306,9 +368,10 @@ def _kquant(name: str, out: str, desc: Descriptor, ctx: Context) -> Mapped:
             _insert(blocks, t.mins, pb.codes().reshape(-1, per))
             dm = _f16_bits(pb, "scale")
             _put_f16(blocks, t.dmin, dm ^ np.uint16(0x8000) if negate else dm)
-        return {out: blocks.reshape(lead + (K // t.block * t.size,))}
+        return {out: blocks.reshape(_rows_shape(lead, K // t.block * t.size))}
 
-    return Mapped(t.name, [TensorSpec(out, t.name, shape)], build, lambda a: _decode(t, a[out], shape), {"ggml_type": t.name})
+    return Mapped(t.name, [TensorSpec(out, t.name, shape)], build, lambda a: _decode(t, a[out], _rows_shape(lead, K)), {"ggml_type": t.name},
+                  row_chunks=True)
 
 
 # -- IQ4_NL, IQ4_XS, TQ1_0, TQ2_0: codes computed from the block (qformat.convert.gguf_codes) ------
@@ -1107,13 +1170,30 @@ class GGUF(Target):
 
         check_destination(dst, False, bool(ctx.options.get("overwrite")))
         model = self.model(ctx)
+        release = getattr(ctx.checkpoint, "release", None)
+
+        def chunked(t: Any) -> Any:
+            """A tensor's slices as it builds them, the source's pages dropped after each is
+            written (a large tensor's pages do not accumulate while it is read)."""
+            if t.chunks is None:
+                return None
+
+            def chunks() -> Any:
+                for piece in t.chunks():
+                    yield piece
+                    del piece
+                    if release is not None:
+                        release()
+
+            return chunks
+
         entries: list[TensorEntry] = []
         for t in plan.tensors:
             if not t.mapped.specs:
                 t.produce()  # records the tensor as handled; makes nothing
                 continue
             (spec,) = t.mapped.specs
-            entries.append(TensorEntry(spec.name, spec.dtype, tuple(spec.shape), lambda t=t, n=spec.name: t.produce()[n]))
+            entries.append(TensorEntry(spec.name, spec.dtype, tuple(spec.shape), lambda t=t, n=spec.name: t.produce()[n], chunked(t)))
         if model.order:
             rank = {n: i for i, n in enumerate(model.order)}
             entries.sort(key=lambda e: rank.get(e.name, len(rank)))
@@ -1124,7 +1204,6 @@ class GGUF(Target):
             entries = _recorded_tensors(model, entries)
         kvs = self.kvs(entries, ctx)
         bar = out_.ByteProgress(sum(e.nbytes for e in entries), ctx.options.get("progress"), "export gguf")
-        release = getattr(ctx.checkpoint, "release", None)
 
         def written(e: TensorEntry) -> None:
             bar.advance(e.nbytes)

@@ -9,8 +9,10 @@ pads them.  Everything is little-endian.
 
 The whole header is made first from the tensors' names, types and shapes (their sizes follow
 from the block sizes); each tensor's bytes are produced only when the writer reaches it and
-dropped after writing, so memory holds one tensor at a time.  The file is written to a private
-temporary file beside the destination, read back by qformat's own GGUF reader (every offset
+dropped after writing, so memory holds one tensor at a time, or one slice of rows of it where
+the entry yields its bytes in slices (``TensorEntry.chunks``: what ``qformat export --to gguf``
+does for the block types, so a large tensor's decoded values never exist whole).  The file is
+written to a private temporary file beside the destination, read back by qformat's own GGUF reader (every offset
 and size checked), and renamed into place: on any error nothing is left at the destination.
 
 KV values are given in the JSON form :mod:`qformat.convert.gguf` stores them in
@@ -25,7 +27,7 @@ import os
 import struct
 import tempfile
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterable, Sequence
+from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -43,12 +45,14 @@ GGML_TYPE_IDS: dict[str, int] = {v[0]: k for k, v in GGML_TYPES.items()}
 class TensorEntry:
     """One tensor of the file: its name, ggml type name, NumPy-order (logical) shape, and
     ``produce()``, which returns its bytes (any array whose buffer is the little-endian data)
-    when the writer reaches it."""
+    when the writer reaches it; or ``chunks()``, which yields them in consecutive pieces, each
+    written as it comes (memory then holds one piece, not the tensor)."""
 
     name: str
     ggml_type: str
     shape: tuple[int, ...]
     produce: Callable[[], np.ndarray]
+    chunks: Callable[[], Iterator[np.ndarray]] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -173,15 +177,32 @@ def _pad_to(f: IO[bytes], n: int, alignment: int) -> None:
         f.write(b"\0" * k)
 
 
-def _write_tensor(f: IO[bytes], t: TensorEntry, alignment: int) -> None:
-    a = np.asarray(t.produce())
+def _little(a: Any) -> np.ndarray:
+    a = np.asarray(a)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
-    a = np.ascontiguousarray(a)
-    if a.nbytes != t.nbytes:
-        raise error("EXPORT_NOT_EXACT", f"gguf: {t.ggml_type} data of shape {list(t.shape)} is {a.nbytes} bytes, expected {t.nbytes}", tensor=t.name)
-    f.write(memoryview(a.reshape(-1).view(np.uint8)))
-    del a
+    return np.ascontiguousarray(a)
+
+
+def _write_tensor(f: IO[bytes], t: TensorEntry, alignment: int) -> None:
+    if t.chunks is not None:
+        n = 0
+        for piece in t.chunks():
+            a = _little(piece)
+            n += a.nbytes
+            if n > t.nbytes:
+                break
+            f.write(memoryview(a.reshape(-1).view(np.uint8)))
+            del a, piece
+    else:
+        a = _little(t.produce())
+        n = a.nbytes
+        if n == t.nbytes:
+            f.write(memoryview(a.reshape(-1).view(np.uint8)))
+        del a
+    if n != t.nbytes:
+        size = f"more than {t.nbytes}" if n > t.nbytes else str(n)
+        raise error("EXPORT_NOT_EXACT", f"gguf: {t.ggml_type} data of shape {list(t.shape)} is {size} bytes, expected {t.nbytes}", tensor=t.name)
     _pad_to(f, t.nbytes, alignment)
 
 

@@ -1546,6 +1546,402 @@ static PyObject *py_quantize_weighted(PyObject *self, PyObject *args) {
     return ret;
 }
 
+/* == The other way (issue 42 item 6): GGUF export's unpacking and ggml's dequantization ==========
+ * unpack(words, bits, out): rows of codes packed lsb-first in bytes (a little-endian bit stream;
+ * bits 1..8), words [rows, W] C-contiguous uint8, into out [rows, length] uint8 (length codes a
+ * row, the first ceil(length * bits / 8) bytes of each row read).
+ * dequantize(type, blocks, out): ggml's dequantize_row_<type> (ggml-quants.c) of whole blocks
+ * into binary32 out: d (F16 widened exactly) times the code, one rounding per product in ggml's
+ * order (and gguf-py's: qformat.export.gguf._decode, the NumPy statement of the same rule, which
+ * tests compare with this).  Both release the GIL. */
+static void unpack_rows_lsb(const uint8_t *w, Py_ssize_t rows, Py_ssize_t stride, int bits, Py_ssize_t length, uint8_t *out) {
+    const unsigned mask = (1u << bits) - 1u;
+    const Py_ssize_t nbytes = (length * bits + 7) / 8;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const uint8_t *row = w + r * stride;
+        uint8_t *o = out + r * length;
+        if (bits == 8) {
+            memcpy(o, row, (size_t)length);
+        } else if (bits == 4) {
+            Py_ssize_t i = 0;
+            for (; i + 1 < length; i += 2) {
+                o[i] = row[i >> 1] & 0xF;
+                o[i + 1] = row[i >> 1] >> 4;
+            }
+            if (i < length) o[i] = row[i >> 1] & 0xF;
+        } else if (bits == 2) {
+            for (Py_ssize_t i = 0; i < length; i++) o[i] = (row[i >> 2] >> ((i & 3) * 2)) & 3;
+        } else if (bits == 1) {
+            for (Py_ssize_t i = 0; i < length; i++) o[i] = (row[i >> 3] >> (i & 7)) & 1;
+        } else {
+            /* 8 codes are exactly `bits` bytes: whole groups at once, then the rest code by code */
+            const Py_ssize_t groups = length / 8;
+            for (Py_ssize_t g = 0; g < groups; g++) {
+                const uint8_t *src = row + g * bits;
+                uint64_t v = 0;
+                for (int k = 0; k < bits; k++) v |= (uint64_t)src[k] << (8 * k);
+                uint8_t *dst = o + g * 8;
+                for (int k = 0; k < 8; k++) dst[k] = (uint8_t)((v >> (k * bits)) & mask);
+            }
+            Py_ssize_t bit = groups * 8 * (Py_ssize_t)bits;
+            for (Py_ssize_t i = groups * 8; i < length; i++, bit += bits) {
+                const Py_ssize_t b = bit >> 3;
+                unsigned v = row[b];
+                if (b + 1 < nbytes) v |= (unsigned)row[b + 1] << 8;
+                o[i] = (uint8_t)((v >> (bit & 7)) & mask);
+            }
+        }
+    }
+}
+
+static PyObject *py_unpack(PyObject *self, PyObject *args) {
+    Py_buffer wb, ob;
+    int bits;
+    Py_ssize_t rows;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*inw*", &wb, &bits, &rows, &ob)) return NULL;
+    PyObject *ret = NULL;
+    if (bits < 1 || bits > 8) {
+        PyErr_Format(PyExc_ValueError, "bits %d is not 1..8", bits);
+    } else if (rows <= 0 || wb.len % rows || ob.len % rows) {
+        PyErr_SetString(PyExc_ValueError, "the words and the output are not whole rows");
+    } else if ((ob.len / rows * bits + 7) / 8 > wb.len / rows) {
+        PyErr_SetString(PyExc_ValueError, "a row of words is shorter than its codes");
+    } else {
+        const uint8_t *w = (const uint8_t *)wb.buf;
+        uint8_t *o = (uint8_t *)ob.buf;
+        const Py_ssize_t stride = wb.len / rows, length = ob.len / rows;
+        Py_BEGIN_ALLOW_THREADS
+        unpack_rows_lsb(w, rows, stride, bits, length, o);
+        Py_END_ALLOW_THREADS
+        ret = Py_None;
+        Py_INCREF(ret);
+    }
+    PyBuffer_Release(&wb);
+    PyBuffer_Release(&ob);
+    return ret;
+}
+
+static inline void k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+static void deq_block(int t, const uint8_t *b, float *y) {
+    switch (t) {
+    case 0: { /* Q4_0 */
+        const float d = get16(b);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)((b[2 + j] & 0xF) - 8) * d;
+            y[j + 16] = (float)((b[2 + j] >> 4) - 8) * d;
+        }
+        break;
+    }
+    case 1: { /* Q4_1 */
+        const float d = get16(b), m = get16(b + 2);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)(b[4 + j] & 0xF) * d + m;
+            y[j + 16] = (float)(b[4 + j] >> 4) * d + m;
+        }
+        break;
+    }
+    case 2: case 3: { /* Q5_0, Q5_1 */
+        const int with_m = t == 3;
+        const float d = get16(b), m = with_m ? get16(b + 2) : 0.0f;
+        const uint8_t *h = b + (with_m ? 4 : 2), *qs = h + 4;
+        const uint32_t qh = (uint32_t)h[0] | ((uint32_t)h[1] << 8) | ((uint32_t)h[2] << 16) | ((uint32_t)h[3] << 24);
+        for (int j = 0; j < 16; j++) {
+            const int x0 = (qs[j] & 0xF) | (((qh >> j) << 4) & 0x10), x1 = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+            if (with_m) {
+                y[j] = (float)x0 * d + m;
+                y[j + 16] = (float)x1 * d + m;
+            } else {
+                y[j] = (float)(x0 - 16) * d;
+                y[j + 16] = (float)(x1 - 16) * d;
+            }
+        }
+        break;
+    }
+    case 4: { /* Q8_0 */
+        const float d = get16(b);
+        for (int j = 0; j < 32; j++) y[j] = (float)(int8_t)b[2 + j] * d;
+        break;
+    }
+    case 5: { /* Q2_K: scales[16], qs[64], d, dmin */
+        const uint8_t *sc = b, *q = b + 16;
+        const float d = get16(b + 80), mn = get16(b + 82);
+        int is = 0;
+        for (int n = 0; n < QK_K; n += 128) {
+            int shift = 0;
+            for (int j = 0; j < 4; j++) {
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t s = sc[is++];
+                    const float dl = d * (float)(s & 0xF), ml = mn * (float)(s >> 4);
+                    for (int l = 0; l < 16; l++) *y++ = dl * (float)((q[l + 16 * half] >> shift) & 3) - ml;
+                }
+                shift += 2;
+            }
+            q += 32;
+        }
+        break;
+    }
+    case 6: { /* Q3_K: hmask[32], qs[64], scales[12], d */
+        const uint8_t *hm = b, *q = b + 32, *s = b + 96;
+        const float d = get16(b + 108);
+        int8_t scales[16];
+        for (int j = 0; j < 16; j++) {
+            const int lo = j < 8 ? (s[j] & 0xF) : (s[j - 8] >> 4);
+            const int hi = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+            scales[j] = (int8_t)((lo | (hi << 4)) - 32);
+        }
+        int is = 0;
+        uint8_t m = 1;
+        for (int n = 0; n < QK_K; n += 128) {
+            int shift = 0;
+            for (int j = 0; j < 4; j++) {
+                for (int half = 0; half < 2; half++) {
+                    const float dl = d * (float)scales[is++];
+                    for (int l = 0; l < 16; l++) {
+                        const int k = l + 16 * half;
+                        *y++ = dl * (float)(((q[k] >> shift) & 3) - ((hm[k] & m) ? 0 : 4));
+                    }
+                }
+                shift += 2;
+                m <<= 1;
+            }
+            q += 32;
+        }
+        break;
+    }
+    case 7: case 8: { /* Q4_K: d, dmin, scales[12], qs[128]; Q5_K: the same with qh[32] before qs */
+        const float d = get16(b), mn = get16(b + 2);
+        const uint8_t *sc = b + 4, *qh = b + 16, *ql = b + (t == 8 ? 48 : 16);
+        int is = 0;
+        uint8_t u1 = 1, u2 = 2;
+        for (int j = 0; j < QK_K; j += 64) {
+            uint8_t s, mm;
+            k4_scale_min(is, sc, &s, &mm);
+            const float d1 = d * (float)s, m1 = mn * (float)mm;
+            k4_scale_min(is + 1, sc, &s, &mm);
+            const float d2 = d * (float)s, m2 = mn * (float)mm;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)((ql[l] & 0xF) + (t == 8 && (qh[l] & u1) ? 16 : 0)) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (float)((ql[l] >> 4) + (t == 8 && (qh[l] & u2) ? 16 : 0)) - m2;
+            ql += 32;
+            is += 2;
+            u1 <<= 2;
+            u2 <<= 2;
+        }
+        break;
+    }
+    case 9: { /* Q6_K: ql[128], qh[64], scales[16] (int8), d */
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = get16(b + 208);
+        for (int n = 0; n < QK_K; n += 128) {
+            for (int l = 0; l < 32; l++) {
+                const int is = l / 16;
+                const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l] = d * (float)sc[is + 0] * (float)q1;
+                y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+            }
+            y += 128;
+            ql += 64;
+            qh += 32;
+            sc += 8;
+        }
+        break;
+    }
+    }
+}
+
+static const struct {
+    const char *name;
+    int block, size;
+} DEQ_TYPES[] = {{"Q4_0", QK, 18}, {"Q4_1", QK, 20}, {"Q5_0", QK, 22}, {"Q5_1", QK, 24}, {"Q8_0", QK, 34},
+                 {"Q2_K", QK_K, 84}, {"Q3_K", QK_K, 110}, {"Q4_K", QK_K, 144}, {"Q5_K", QK_K, 176}, {"Q6_K", QK_K, 210}};
+
+static PyObject *py_dequantize(PyObject *self, PyObject *args) {
+    const char *name;
+    Py_buffer bb, yb;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "sy*w*", &name, &bb, &yb)) return NULL;
+    int t = -1;
+    for (size_t k = 0; k < sizeof DEQ_TYPES / sizeof DEQ_TYPES[0]; k++)
+        if (strcmp(name, DEQ_TYPES[k].name) == 0) t = (int)k;
+    PyObject *ret = NULL;
+    if (t < 0) {
+        PyErr_Format(PyExc_ValueError, "dequantize: unknown type %s", name);
+    } else if (bb.len % DEQ_TYPES[t].size || yb.len != bb.len / DEQ_TYPES[t].size * DEQ_TYPES[t].block * 4) {
+        PyErr_SetString(PyExc_ValueError, "dequantize: the blocks and the output do not match");
+    } else {
+        const Py_ssize_t nb = bb.len / DEQ_TYPES[t].size;
+        const uint8_t *b = (const uint8_t *)bb.buf;
+        float *y = (float *)yb.buf;
+        const int size = DEQ_TYPES[t].size, block = DEQ_TYPES[t].block;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < nb; i++) deq_block(t, b + i * size, y + i * block);
+        Py_END_ALLOW_THREADS
+        ret = Py_None;
+        Py_INCREF(ret);
+    }
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&yb);
+    return ret;
+}
+
+/* insert(blocks, codes, runs, nblocks[, table]): the inverse of qformat.convert._fastpack.extract, what
+ * qformat.export.gguf._insert does in NumPy: for every block i (blocks [nb, size], codes
+ * [nb, per] uint8, C-contiguous) and run (c0, n, b0, rs, mask, ls) of runs (int32 [R, 6]),
+ * blocks[i, b0 + k] |= ((code >> ls) & mask) << rs for k < n (bounds checked here), where code is
+ * codes[i, c0 + k], or table[codes[i, c0 + k]] when a 256-byte table is given. */
+static PyObject *py_insert(PyObject *self, PyObject *args) {
+    Py_buffer bb, cb, rb, lb = {0};
+    Py_ssize_t nb;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "w*y*y*n|y*", &bb, &cb, &rb, &nb, &lb)) return NULL;
+    PyObject *ret = NULL;
+    const Py_ssize_t nr = rb.len / (6 * (Py_ssize_t)sizeof(int32_t));
+    uint8_t table[256];
+    for (int i = 0; i < 256; i++) table[i] = (uint8_t)i;
+    if (lb.buf != NULL && lb.len == 256) memcpy(table, lb.buf, 256);
+    if (lb.buf != NULL && lb.len != 256) {
+        PyErr_SetString(PyExc_ValueError, "insert: the code table is not 256 bytes");
+    } else if (nb <= 0 || bb.len % nb || cb.len % nb || rb.len % (6 * (Py_ssize_t)sizeof(int32_t))) {
+        PyErr_SetString(PyExc_ValueError, "insert: the blocks, codes and runs are not whole rows");
+    } else {
+        const Py_ssize_t size = bb.len / nb, per = cb.len / nb;
+        const int32_t *r = (const int32_t *)rb.buf;
+        int bad = 0;
+        for (Py_ssize_t j = 0; j < nr; j++) {
+            const int32_t *q = r + 6 * j;
+            if (q[0] < 0 || q[1] < 0 || q[2] < 0 || q[0] + q[1] > per || q[2] + q[1] > size || q[3] < 0 || q[3] > 7 || q[5] < 0 || q[5] > 7)
+                bad = 1;
+        }
+        if (bad) {
+            PyErr_SetString(PyExc_ValueError, "insert: a run lies outside the block or the codes");
+        } else {
+            uint8_t *b = (uint8_t *)bb.buf;
+            const uint8_t *c = (const uint8_t *)cb.buf;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t i = 0; i < nb; i++) {
+                uint8_t *blk = b + i * size;
+                const uint8_t *cd = c + i * per;
+                for (Py_ssize_t j = 0; j < nr; j++) {
+                    const int32_t *q = r + 6 * j;
+                    const int n = q[1], rs = q[3], ls = q[5];
+                    const uint8_t mask = (uint8_t)q[4];
+                    const uint8_t *src = cd + q[0];
+                    uint8_t *dst = blk + q[2];
+                    for (int k = 0; k < n; k++) dst[k] |= (uint8_t)((uint8_t)((table[src[k]] >> ls) & mask) << rs);
+                }
+            }
+            Py_END_ALLOW_THREADS
+            ret = Py_None;
+            Py_INCREF(ret);
+        }
+    }
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&cb);
+    PyBuffer_Release(&rb);
+    if (lb.buf != NULL) PyBuffer_Release(&lb);
+    return ret;
+}
+
+/* extract_packed(blocks, nblocks, runs, count, bits, length, out): a GGUF code field read out of
+ * every block and packed canonically, what qformat.convert._fastpack.extract_packed gives: for
+ * block i, code c0 + k (of count) is the OR over the runs (c0, n, b0, rs, mask, ls) (int32
+ * [R, 6]) of ((block[b0 + k] >> rs) & mask) << ls; rows of length codes (whole blocks) are packed
+ * least significant bits first into ceil(length * bits / 8) bytes each, padding bits zero. */
+static PyObject *py_extract_packed(PyObject *self, PyObject *args) {
+    Py_buffer bb, rb, ob;
+    Py_ssize_t nb, length;
+    int count, bits;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*ny*iinw*", &bb, &nb, &rb, &count, &bits, &length, &ob)) return NULL;
+    PyObject *ret = NULL;
+    const Py_ssize_t nr = rb.len / (6 * (Py_ssize_t)sizeof(int32_t));
+    if (nb <= 0 || bb.len % nb || count <= 0 || count > 4096 || bits < 1 || bits > 8 || length <= 0 || length % count ||
+        rb.len % (6 * (Py_ssize_t)sizeof(int32_t)) || (nb * count) % length) {
+        PyErr_SetString(PyExc_ValueError, "extract_packed: inconsistent sizes");
+    } else {
+        const Py_ssize_t size = bb.len / nb, rows = nb * count / length, width = (length * bits + 7) / 8, bpr = length / count;
+        const int32_t *r = (const int32_t *)rb.buf;
+        int bad = ob.len != rows * width;
+        for (Py_ssize_t j = 0; j < nr && !bad; j++) {
+            const int32_t *q = r + 6 * j;
+            if (q[0] < 0 || q[1] < 0 || q[2] < 0 || q[0] + q[1] > count || q[2] + q[1] > size || q[3] < 0 || q[3] > 7 || q[5] < 0 || q[5] > 7)
+                bad = 1;
+        }
+        if (bad) {
+            PyErr_SetString(PyExc_ValueError, "extract_packed: a run lies outside the block or the codes, or the output is not the rows' bytes");
+        } else {
+            const uint8_t *b = (const uint8_t *)bb.buf;
+            uint8_t *o = (uint8_t *)ob.buf;
+            Py_BEGIN_ALLOW_THREADS
+            uint8_t codes[4096];
+            for (Py_ssize_t row = 0; row < rows; row++) {
+                uint8_t *orow = o + row * width, *w = orow;
+                uint64_t acc = 0; /* bits not yet stored, least significant first */
+                int nacc = 0;
+                for (Py_ssize_t k = 0; k < bpr; k++) {
+                    const uint8_t *blk = b + (row * bpr + k) * size;
+                    memset(codes, 0, (size_t)count);
+                    for (Py_ssize_t j = 0; j < nr; j++) {
+                        const int32_t *q = r + 6 * j;
+                        const int n = q[1], rs = q[3], ls = q[5];
+                        const uint8_t mask = (uint8_t)q[4];
+                        const uint8_t *src = blk + q[2];
+                        uint8_t *dst = codes + q[0];
+                        for (int e = 0; e < n; e++) dst[e] |= (uint8_t)((uint8_t)((src[e] >> rs) & mask) << ls);
+                    }
+                    if (bits == 8) {
+                        memcpy(w, codes, (size_t)count);
+                        w += count;
+                    } else if (nacc == 0 && count % 8 == 0) { /* 8 codes are exactly `bits` bytes */
+                        const uint64_t m = (1u << bits) - 1u;
+                        for (int e = 0; e < count; e += 8) {
+                            uint64_t v = 0;
+                            for (int i = 0; i < 8; i++) v |= (codes[e + i] & m) << (i * bits);
+                            for (int i = 0; i < bits; i++) w[i] = (uint8_t)(v >> (8 * i));
+                            w += bits;
+                        }
+                    } else {
+                        const uint64_t m = (1u << bits) - 1u;
+                        for (int e = 0; e < count; e++) {
+                            acc |= (codes[e] & m) << nacc;
+                            nacc += bits;
+                            while (nacc >= 8) {
+                                *w++ = (uint8_t)acc;
+                                acc >>= 8;
+                                nacc -= 8;
+                            }
+                        }
+                    }
+                }
+                if (nacc > 0) *w++ = (uint8_t)acc; /* the row's last bits, padding zero */
+                (void)orow;
+            }
+            Py_END_ALLOW_THREADS
+            ret = Py_None;
+            Py_INCREF(ret);
+        }
+    }
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&ob);
+    return ret;
+}
+
 static PyObject *py_best_level(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -1558,6 +1954,14 @@ static PyMethodDef methods[] = {
      "returns the largest magnitude of x."},
     {"quantize_weighted", py_quantize_weighted, METH_VARARGS,
      "quantize_weighted(type, x, importance, out): rows of float32 x as ggml's quantize_<type> with quant_weights."},
+    {"unpack", py_unpack, METH_VARARGS,
+     "unpack(words, bits, rows, out): rows of lsb-first packed codes (uint8 bytes) into out, one uint8 code each."},
+    {"dequantize", py_dequantize, METH_VARARGS,
+     "dequantize(type, blocks, out): ggml's dequantize_row_<type> of whole blocks (Q4_0 ... Q6_K) into float32 out."},
+    {"insert", py_insert, METH_VARARGS,
+     "insert(blocks, codes, runs, nblocks): OR each block's codes into their bits of the block (the runs of a GGUF field)."},
+    {"extract_packed", py_extract_packed, METH_VARARGS,
+     "extract_packed(blocks, nblocks, runs, count, bits, length, out): a field's codes of every block, packed canonically in rows of length."},
     {"best_level", py_best_level, METH_NOARGS, "The level used by default: 2 (lanes, AVX2) where the CPU has AVX2, else 0 (scalar)."},
     {NULL, NULL, 0, NULL},
 };
