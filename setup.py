@@ -15,9 +15,29 @@ Runtime dispatch (baseline / AVX2 / AVX-512) is in the C file, so one build runs
 its architecture.
 """
 
+import os
+import shutil
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class AtomicBuildExt(build_ext):
+    """build_ext whose in-place copy (``pip install -e``) puts each built module into the source
+    tree by a rename: the default copy rewrites the file where it is, and a process that has the
+    old module loaded (a test session running while scripts/env.sh rebuilds a changed kernel)
+    then runs a half-written mapping and crashes."""
+
+    def copy_file(self, infile, outfile, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not str(outfile).endswith((".so", ".pyd")):
+            return super().copy_file(infile, outfile, *args, **kwargs)
+        tmp = f"{outfile}.tmp-{os.getpid()}"
+        shutil.copyfile(infile, tmp)
+        shutil.copymode(infile, tmp)
+        os.replace(tmp, outfile)
+        return outfile, 1
+
 
 if sys.platform == "win32":
     args = ["/O2", "/fp:strict"]
@@ -28,6 +48,6 @@ else:
 # block quantizers (qformat.schemes.gguf); _encode: the int group encoders (qformat.schemes.int_).
 SOURCES = {"_native": ["qformat/kernels/_native.c", "libqformat/src/kernel.c"]}
 DEPENDS = {"_native": ["libqformat/src/kernel.h"]}
-setup(ext_modules=[Extension(f"qformat.kernels.{name}", SOURCES.get(name, [f"qformat/kernels/{name}.c"]), extra_compile_args=args,
+setup(cmdclass={"build_ext": AtomicBuildExt}, ext_modules=[Extension(f"qformat.kernels.{name}", SOURCES.get(name, [f"qformat/kernels/{name}.c"]), extra_compile_args=args,
                              include_dirs=["libqformat/src"] if name in SOURCES else [], depends=DEPENDS.get(name, []), optional=True)
                    for name in ("_native", "_matmul", "_ggml", "_encode")])

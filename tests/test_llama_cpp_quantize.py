@@ -17,7 +17,11 @@ docs/llama-cpp.md says what is built and how to run it).
   of (a) that GGUF file, (b) the folder ``qformat convert`` makes of it, (c) the single file with
   GGUF names it makes of it, then ``qformat export --to gguf``: the same file byte for byte
   (tensors, every key, value, type and order: ``general.file_type`` and ``quantize.imatrix.*``
-  included).
+  included); a difference fails naming the keys (both values) and tensors that differ and the
+  first differing byte.  GGUF files are read with tests/llama_cpp_gguf.py (plain reads, no
+  memory map, nothing kept open), not gguf-py's ``GGUFReader``.
+- SmolLM2 with IQ4_XS, IQ4_NL, TQ1_0 and TQ2_0 (most rows fall back), without and with the
+  importance matrix (the same absolute path given to both tools), the whole file byte for byte.
 - Fixtures: rows of those tensors and llama-quantize's bytes for them are the frozen fixture
   ``tests/fixtures/llama_quantize/ggml_blocks.safetensors`` that the default suite checks
   (tests/test_gguf_scheme.py); this test rebuilds it from llama.cpp and fails if it differs
@@ -33,6 +37,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +49,11 @@ from qformat.gguf_presets import presets
 from qformat.schemes.ggml_blocks import SIZES, TYPES, quantize_blocks
 
 from . import llama_cpp as L
+from . import llama_cpp_gguf as G
 from . import llama_cpp_models as M
 from . import llama_cpp_source
 from . import real_models
-from .test_llama_cpp import _hf_folder, _once, _qformat, paragraph, source, tools  # noqa: F401 (fixtures)
+from .test_llama_cpp import _hf_folder, _once, _qformat, _record, paragraph, source, tools  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.llama_cpp
 
@@ -129,48 +135,38 @@ def _pure(tmp_path_factory: pytest.TempPathFactory, src: Path, kind: str, qtype:
 
 
 def _tensors(path: Path) -> dict[str, tuple[str, np.ndarray, tuple[int, ...]]]:
-    """name -> (ggml type name, raw bytes or values as stored, NumPy-order shape)."""
-    from gguf import GGUFReader
-
-    r = GGUFReader(str(path))
-    return {t.name: (t.tensor_type.name, np.asarray(t.data), tuple(int(s) for s in reversed(t.shape.tolist()))) for t in r.tensors}
+    """name -> (ggml type name, values as stored (F32 / F16) or raw bytes (uint8), flat, and the
+    NumPy-order shape); read with plain reads (tests/llama_cpp_gguf.py), nothing left open."""
+    h = G.read_header(path)
+    return {t.name: (t.type_name, G.tensor_array(path, t), t.shape) for t in h.tensors}
 
 
 def assert_same_tensors(ref_path: Path, out: Path) -> None:
     """Two GGUF files hold the same tensors, each of the same type, shape and bytes."""
-    ref, got = _tensors(ref_path), _tensors(out)
+    a, b = G.read_header(ref_path), G.read_header(out)
+    ref, got = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
     assert sorted(ref) == sorted(got)
-    for name, (tname, raw, shape) in ref.items():
-        gname, graw, gshape = got[name]
-        assert (gname, gshape) == (tname, shape), name
-        assert np.array_equal(np.asarray(graw).reshape(-1).view(np.uint8), np.asarray(raw).reshape(-1).view(np.uint8)), name
-
-
-def gguf_keys(path: Path) -> list[tuple[str, list[int], Any]]:
-    """A GGUF file's key/values in order: (key, GGUF value types, value)."""
-    from gguf import GGUFReader
-
-    return [(k, [int(t) for t in f.types], f.contents()) for k, f in GGUFReader(str(path)).fields.items() if not k.startswith("GGUF.")]
-
-
-def assert_same_keys(ref_path: Path, out: Path) -> None:
-    """Two GGUF files hold the same key/values, in the same order with the same types; the
-    differences are named."""
-    ref, got = gguf_keys(ref_path), gguf_keys(out)
-    rk, gk = [k for k, _, _ in ref], [k for k, _, _ in got]
-    assert set(rk) == set(gk), f"keys only in llama-quantize's: {sorted(set(rk) - set(gk))}; only in qformat's: {sorted(set(gk) - set(rk))}"
-    assert rk == gk, "the same keys in another order"
-    bad = [k for (k, rt, rv), (_, gt, gv) in zip(ref, got) if (rt, rv) != (gt, gv)]
-    assert not bad, "keys differ: " + "; ".join(f"{k}: {dict((r[0], r[1:]) for r in ref)[k]} vs {dict((g[0], g[1:]) for g in got)[k]}"
-                                                  for k in bad[:5])
+    for name, t in ref.items():
+        g = got[name]
+        assert (g.type_name, g.shape) == (t.type_name, t.shape), name
+        assert G.tensor_bytes(out, g) == G.tensor_bytes(ref_path, t), name
 
 
 def gguf_int(path: Path, key: str) -> int:
     """An integer metadata value of a GGUF file."""
-    from gguf import GGUFReader
+    return G.read_header(path).int(key)
 
-    f = GGUFReader(str(path)).fields[key]
-    return int(f.parts[f.data[0]][0])
+
+def assert_same_file(ref_path: Path, out: Path) -> None:
+    """The two files are the same bytes; when not, the failure names what differs (keys with
+    both values, tensors, the first differing byte: :func:`tests.llama_cpp_gguf.differences`)."""
+    if filecmp.cmp(ref_path, out, shallow=False):
+        return
+    try:
+        diffs = G.differences(ref_path, out)
+    except Exception as e:  # noqa: BLE001 (the diagnostic must not hide the failure)
+        diffs = [f"(no diagnostic: {type(e).__name__}: {e})"]
+    pytest.fail(f"{out} is not {ref_path} byte for byte:\n  " + "\n  ".join(diffs or ["(no difference found by the GGUF reader)"]))
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -376,15 +372,20 @@ def test_real_model_preset_byte_identical(model, preset, route, imatrix, tools, 
     ref = _once(tmp_path_factory, f"real-{model}-{preset}-{'imatrix' if imatrix else 'plain'}",
                 lambda d: L.quantize(src["file"], d / "model.gguf", preset, *extra)) / "model.gguf"
     q = tmp_path / ("q" if route == "folder" else "q.safetensors")
+    t0 = time.monotonic()
     _qformat("quantize", src[route], q, "--preset", preset, *extra, "--quiet")
+    t1 = time.monotonic()
     out = tmp_path / "out.gguf"
     _qformat("export", q, out, "--to", "gguf", "--quiet")
-    assert_same_tensors(ref, out)
-    assert_same_keys(ref, out)
-    assert gguf_int(out, "general.file_type") == presets()[preset]["ftype"]
-    keys = {k for k, _, _ in gguf_keys(out)}
-    assert ("quantize.imatrix.entries_count" in keys) == imatrix
-    assert filecmp.cmp(ref, out, shallow=False), "the same tensors and keys, yet other bytes"
+    t2 = time.monotonic()
+    # the whole file is the criterion; on a difference the failure names the keys and tensors
+    assert_same_file(ref, out)
+    h = G.read_header(out)
+    assert h.int("general.file_type") == presets()[preset]["ftype"]
+    assert ("quantize.imatrix.entries_count" in h) == imatrix
+    _record(f"real-model preset {model} {preset} {route} {'imatrix' if imatrix else 'no-imatrix'}",
+            {"byte_identical": True, "bytes": h.size, "tensors": len(h.tensors), "keys": len(h.kvs),
+             "quantize_s": round(t1 - t0, 1), "export_s": round(t2 - t1, 1)})
 
 
 # -- IQ4_NL / IQ4_XS / TQ1_0 / TQ2_0 (tests/test_ggml_iq_tq.py has the block-level checks) ------------
@@ -392,22 +393,29 @@ def test_real_model_preset_byte_identical(model, preset, route, imatrix, tools, 
 #: fall back; ffn_down's rows of 1536 keep the 256-block type, the tied embedding is Q8_0).
 SMOLLM2_TYPES = {"IQ4_XS": {"IQ4_XS", "IQ4_NL", "Q5_K", "Q8_0", "F32"}, "IQ4_NL": {"IQ4_NL", "Q5_K", "Q8_0", "F32"},
                  "TQ1_0": {"TQ1_0", "Q4_0", "Q8_0", "F32"}, "TQ2_0": {"TQ2_0", "Q4_0", "Q8_0", "F32"}}
+#: With an importance matrix llama.cpp keeps the first eighth of ffn_down at IQ4_XS / IQ4_NL (no Q5_K).
+SMOLLM2_TYPES_IMATRIX = {p: t - {"Q5_K"} if p.startswith("IQ4") else t for p, t in SMOLLM2_TYPES.items()}
 
 
+@pytest.mark.parametrize("imatrix", [False, True], ids=["no-imatrix", "imatrix"])
 @pytest.mark.parametrize("preset", list(SMOLLM2_TYPES))
-def test_nonlinear_preset_on_smollm2_byte_identical(preset, tools, tmp_path_factory, tmp_path):  # noqa: F811
-    """``llama-quantize F32.gguf P`` of SmolLM2-135M equals ``qformat convert`` + ``qformat
-    quantize --preset P`` + ``qformat export --to gguf`` of the same F32 GGUF, the whole file byte
-    for byte, for P in IQ4_XS, IQ4_NL, TQ1_0, TQ2_0.  The same presets on the tiny Llama 3 (rows
-    of 256 and 512: TQ1_0 / TQ2_0 / IQ4_XS apply without fallback) are in
-    :func:`test_preset_equals_llama_quantize`."""
-    f32 = _once(tmp_path_factory, "real-smollm2-F32",
-                lambda d: L.quantize(smollm2_gguf(), d / "smollm2-F32.gguf", "F32", "--allow-requantize")) / "smollm2-F32.gguf"
-    ref = _once(tmp_path_factory, f"real-smollm2-{preset}-plain", lambda d: L.quantize(f32, d / "model.gguf", preset)) / "model.gguf"
-    folder = _once(tmp_path_factory, "real-smollm2-folder", lambda d: _qformat("convert", f32, d / "model", "--quiet")) / "model"
-    _qformat("quantize", folder, tmp_path / "q", "--preset", preset, "--quiet", timeout=3600)
+def test_nonlinear_preset_on_smollm2_byte_identical(preset, imatrix, tools, paragraph, tmp_path_factory, tmp_path):  # noqa: F811
+    """``llama-quantize [--imatrix I] F32.gguf P`` of SmolLM2-135M equals ``qformat convert`` +
+    ``qformat quantize --preset P [--imatrix I]`` + ``qformat export --to gguf`` of the same F32
+    GGUF, the whole file byte for byte, for P in IQ4_XS, IQ4_NL, TQ1_0, TQ2_0.  Both tools are
+    given the same (absolute) imatrix path: ``quantize.imatrix.file`` holds the path as given.
+    The same presets on the tiny Llama 3 (rows of 256 and 512: TQ1_0 / TQ2_0 / IQ4_XS apply
+    without fallback) are in :func:`test_preset_equals_llama_quantize`."""
+    src = _real(tmp_path_factory, "smollm2", paragraph)
+    extra = ["--imatrix", str(src["imatrix"])] if imatrix else []
+    ref = _once(tmp_path_factory, f"real-smollm2-{preset}-{'imatrix' if imatrix else 'plain'}",
+                lambda d: L.quantize(src["file"], d / "model.gguf", preset, *extra)) / "model.gguf"
+    _qformat("quantize", src["folder"], tmp_path / "q", "--preset", preset, *extra, "--quiet", timeout=3600)
     out = tmp_path / "out.gguf"
     _qformat("export", tmp_path / "q", out, "--to", "gguf", "--quiet")
-    assert_same_tensors(ref, out)
-    assert {t for t, _, _ in _tensors(ref).values()} == SMOLLM2_TYPES[preset]
-    assert filecmp.cmp(ref, out, shallow=False)
+    assert_same_file(ref, out)
+    assert {t.type_name for t in G.read_header(ref).tensors} == (SMOLLM2_TYPES_IMATRIX if imatrix else SMOLLM2_TYPES)[preset]
+    h = G.read_header(out)
+    assert ("quantize.imatrix.file" in h) == imatrix
+    if imatrix:
+        assert h["quantize.imatrix.file"].value == str(src["imatrix"])
