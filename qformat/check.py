@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from . import tables
-from .container import not_safetensors_kind
+from .container import not_safetensors_kind, read_mapped
 from .remote import is_url, read_header
 from .decode import decode
 from .layouts import canonical_view
@@ -337,6 +337,19 @@ def not_safetensors(path: str) -> QFormatError | None:
     return None if what is None else error("NOT_SAFETENSORS", f"{os.path.basename(path)} is {what}")
 
 
+def open_source(path: str) -> tuple[Any, FileSource]:
+    """``path``'s validated header and its stored tensors, read once: a local file is opened
+    once, its header read and parsed through that open file and the same open file memory-mapped
+    (:func:`qformat.container.read_mapped`), so what is checked is what is read; a URL's header
+    is read by ranges and its sparse mirror mapped.  Errors as ``read_header`` then
+    ``FileSource`` raise them."""
+    if is_url(path):
+        header = read_header(path)
+        return header, FileSource(path, header)
+    header, mm = read_mapped(path)
+    return header, FileSource.from_bytes(mm, header, path)
+
+
 def payload_problems(name: str, desc: Descriptor | None, src: Any) -> list[QFormatError]:
     """Every payload rule of ``qformat check`` for one tensor of a file (``desc`` None: a plain
     tensor).  The one function both :func:`check_file` and every command's admission of a
@@ -367,20 +380,31 @@ class Admission:
         self.digested: dict[str, tuple[str, Any, Any]] = {}
         self.where: dict[str, str] = {}  # logical (or plain) name -> the file holding it
         self._sources: dict[str, FileSource] = {}
+        #: path -> (header, source, model) of each admitted file: the one read and parse of its
+        #: header that the rules were applied to, bound to one open file (see :meth:`open`)
+        self._opened: dict[str, tuple[Any, FileSource, Any]] = {}
 
     def headers(self) -> None:
         if self.index is not None:
-            reports, probs = check_index(self.index, payload=False)
+            reports, probs, opened = _check_index(self.index, payload=False, keep=True)
             found = probs + [p for r in reports for p in r.problems]  # check()'s order
         else:
-            found = [p for path in self.paths for p in check_file(path, payload=False).problems]
+            found, opened = [], {}
+            for path in self.paths:
+                rep, got = _check_file(path, payload=False)
+                found += rep.problems
+                if got is not None:
+                    opened[path] = got
         if found:
             p = found[0]
             raise error(p.code, p.message, tensor=p.tensor, field=p.field)
         for path in self.paths:
-            header = read_header(path)
-            self._sources[path] = src = FileSource(path, header)
-            model = interpret(header, src)
+            got = opened.get(path)  # the header check read: never read again (a file replaced since is not trusted)
+            if got is None:  # a path the index spells otherwise: read here, as check reads it
+                header, src = open_source(path)
+                got = (header, src, interpret(header, src))
+            header, src, model = self._opened[path] = got
+            self._sources[path] = src
             for name, desc in model.descriptors.items():
                 self.descs[name] = desc
                 self.where[name] = path
@@ -393,6 +417,22 @@ class Admission:
             if model.digests is not None and self.verify:
                 for name in [*model.descriptors, *model.plain]:
                     self.digested[name] = (path, header, model)
+
+    def open(self, path: str) -> Any:
+        """A :class:`qformat.io.SafeOpen` of the admitted file ``path`` over what :meth:`headers`
+        read: the same header, interpretation and memory map (of the same open file) that the
+        header rules passed, so a load reads and parses each header once, and a file replaced
+        after its admission is never read under its admitted facts.  A path not admitted here is
+        opened anew (``SafeOpen(path)``)."""
+        from .checkpoint import Shard
+        from .io import SafeOpen
+
+        got = self._opened.get(path)
+        if got is None:
+            return SafeOpen(path)
+        header, src, model = got
+        name = path.rsplit("/", 1)[-1] if is_url(path) else os.path.basename(path)
+        return SafeOpen(path, Shard(path, name, header, model, src))
 
     def _problems(self, name: str, src: Any) -> list[QFormatError]:
         """check's payload problems of ``name``, then its digest problems (SPEC.md §3.8: every
@@ -465,18 +505,25 @@ def check_file(path: str, payload: bool = True, digests: bool | None = None, str
     which reads every stored byte once: off by default, since the other checks read only what
     they examine (a 2.16 GB file: 0.4 s without, 4.2 to 7.0 s with); ``strict``: also report
     what readers accept but writers never write, SPEC.md §2.4)."""
+    return _check_file(path, payload, digests, strict)[0]
+
+
+def _check_file(path: str, payload: bool = True, digests: bool | None = None,
+                strict: bool = False) -> tuple[FileReport, tuple[Any, FileSource, Any] | None]:
+    """:func:`check_file`'s report, with the (header, source, model) it checked (None when the
+    header could not be read): for a caller that goes on to read the file (an index's rules,
+    :class:`Admission`) without reading and parsing its header again."""
     digests = bool(digests)
     rep = FileReport(path)
     other = not_safetensors(path)
     if other is not None:
         rep.problems.append(_problem(other, path))
-        return rep
+        return rep, None
     try:
-        header = read_header(path)
-        src = FileSource(path, header)
+        header, src = open_source(path)
     except QFormatError as e:
         rep.problems.append(_problem(e, path))
-        return rep
+        return rep, None
     if strict:
         rep.problems.extend(_problem(e, path) for e in header.lenient)
     model = interpret(header, src)
@@ -502,34 +549,43 @@ def check_file(path: str, payload: bool = True, digests: bool | None = None, str
         else:  # a mismatch names its stored tensor in the field: digests.tensors['NAME']
             bad = {e.field for e in found if e.code == "DIGEST_MISMATCH"}
             rep.digests_verified = sum(1 for n in listed if f"digests.tensors[{n!r}]" not in bad)
-    return rep
+    return rep, (header, src, model)
 
 
 def check_index(path: str, payload: bool = True, digests: bool | None = None,
                 strict: bool = False) -> tuple[list[FileReport], list[Problem]]:
     """Check a sharded checkpoint through its ``*.safetensors.index.json``."""
+    reports, probs, _ = _check_index(path, payload, digests, strict)
+    return reports, probs
+
+
+def _check_index(path: str, payload: bool = True, digests: bool | None = None, strict: bool = False,
+                 keep: bool = False) -> tuple[list[FileReport], list[Problem], dict[str, tuple[Any, FileSource, Any]]]:
+    """:func:`check_index`, each shard's header read and parsed once (for its file rules and the
+    index's); ``keep``: also return shard path -> (header, source, model) of each shard read."""
+    opened: dict[str, tuple[Any, FileSource, Any]] = {}
     try:
         index, found = scan_index(path)
     except QFormatError as e:
-        return [], [_problem(e, path)]
+        return [], [_problem(e, path)], opened
     reports, probs = [], [_problem(e, path) for e in found]
     exposed: dict[str, str] = {}  # name a reader returns -> the first shard exposing it (§14)
     for shard in index.shards:
         sp = index.shard_path(shard)
-        rep = check_file(sp, payload, digests, strict)
+        rep, got = _check_file(sp, payload, digests, strict)
         reports.append(rep)
-        try:
-            header = read_header(sp)
-            model = interpret(header, FileSource(sp, header))
-        except QFormatError:
+        if got is None:  # its header could not be read: the file's report says why
             continue
+        if keep:
+            opened[sp] = got
+        header, _, model = got
         probs.extend(_problem(e, path) for e in mismatches(index, shard, header, model))
         for name in model.logical_names():
             first = exposed.setdefault(name, shard)
             if first != shard:
                 probs.append(_problem(error("INDEX_MISMATCH", f"tensor {name!r} appears in both {first!r} and {shard!r}",
                                             tensor=name, field="weight_map"), path))
-    return reports, probs
+    return reports, probs, opened
 
 
 def check(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], payload: bool = True,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import re
 import struct
@@ -354,6 +355,25 @@ def read_header(path: str | os.PathLike[str], null_metadata_ok: bool = False) ->
             return parse_header(f, size, null_metadata_ok)
     except OSError as e:
         raise error("FILE_UNREADABLE", f"cannot read {os.fspath(path)!r}: {e.strerror or e}") from None
+
+
+def read_mapped(path: str | os.PathLike[str]) -> tuple[Header, mmap.mmap]:
+    """Open ``path`` once: validate its header, read through that open file, then map that same
+    open file (the same inode, whatever happens to the name meanwhile) for exactly the
+    ``file_size`` the header was validated against, so the header and every byte viewed through
+    the map are of one file.  Errors as :func:`read_header` says them (FILE_UNREADABLE "cannot
+    read", the container's codes), or, when the file cannot be mapped (it shrank since its size
+    was read), FILE_UNREADABLE "cannot map" as :class:`qformat.sources.FileSource` says it."""
+    try:
+        with open(path, "rb") as f:
+            header = parse_header(f, os.fstat(f.fileno()).st_size)
+            try:
+                mm = mmap.mmap(f.fileno(), header.file_size, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as e:
+                raise error("FILE_UNREADABLE", f"cannot map {os.fspath(path)!r}: {e}") from None
+    except OSError as e:
+        raise error("FILE_UNREADABLE", f"cannot read {os.fspath(path)!r}: {e.strerror or e}") from None
+    return header, mm
 
 
 # -- writing -------------------------------------------------------------------------------

@@ -63,8 +63,9 @@ class SafeOpen(_SliceMethods):
     def __init__(self, path: str | os.PathLike[str], shard: Shard | None = None, verify: bool = False):
         self.path = os.fspath(path)
         if shard is None:
-            header = read_header(self.path)
-            src = FileSource(self.path, header)
+            from .check import open_source
+
+            header, src = open_source(self.path)  # one open file: the header read is the file mapped
             shard = Shard(self.path, self.path.rsplit("/", 1)[-1] if is_url(self.path) else os.path.basename(self.path),
                           header, interpret(header, src), src)
         self.header = shard.header

@@ -46,7 +46,9 @@ def admit_files(paths: Iterable[str], index: str | None = None, digests: bool = 
     issue 24): header rules now (raising check's first problem, with its code), payload rules per
     logical tensor through the returned ``Admission``'s ``check_logical``, recorded digests
     verified only with ``digests`` (they cost a read of every byte; SPEC.md §12.5 leaves
-    verifying to the user's request); None inside :func:`unchecked`."""
+    verifying to the user's request); None inside :func:`unchecked`.  Each file's header is read
+    and parsed once: ``Admission.open(path)`` gives the loader a ``SafeOpen`` over that same
+    parse and memory map (never a fresh read a replaced file could answer differently)."""
     if not _CHECKED.get():
         return None
     from ..check import Admission
