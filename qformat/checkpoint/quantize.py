@@ -11,17 +11,17 @@ every file was written and checked.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, TextIO
+from typing import Any, Callable, Mapping, TextIO
 
 import numpy as np
 
 from . import output as out_
 from . import writer as checkpoint_writer
 from .. import gguf_presets, schemes
+from .gguf_plain import PlainGGUF
 from .writer import OutFile, OutGroup, OutTensor
 from ..container import TensorSpec
 from ..errors import QFormatError, error
@@ -94,30 +94,20 @@ def _has_quantized(ck: Any) -> bool:
     return bool(QFormatSource().describe(ck).descriptors)
 
 
-@contextlib.contextmanager
-def plain_source_path(src: str | os.PathLike[str], tmp_dir: str | None = None) -> Iterator[str | os.PathLike[str]]:
-    """``src``, or for a GGUF file of plain tensors (F32 / F16 / BF16, what ``llama-quantize``
-    takes) the single file with its GGUF names and record that ``qformat convert model.gguf
-    x.safetensors`` writes, in a temporary folder under ``tmp_dir`` removed afterwards.  A GGUF
-    file holding quantized tensors is QUANTIZE_SOURCE_QUANTIZED, as any quantized source."""
+def open_source(src: str | os.PathLike[str]) -> Any:
+    """The source of ``qformat quantize``: :func:`open_plain_source`, or for a GGUF file of plain
+    tensors (F32 / F16 / BF16, what ``llama-quantize`` takes) a :class:`PlainGGUF`, which reads
+    them in place and stands for the file's single-file conversion (``qformat convert model.gguf
+    x.safetensors``: its GGUF names and record), so the output is the one quantizing that
+    conversion gives.  A GGUF file holding quantized tensors is QUANTIZE_SOURCE_QUANTIZED, as any
+    quantized source."""
     from .source import Checkpoint
 
+    if isinstance(src, (str, os.PathLike)) and os.fspath(src).endswith((".safetensors", ".json")):
+        return open_plain_source(src)
     if Checkpoint(src).kind != "gguf":
-        yield src
-        return
-    from ..convert import describe, write
-
-    ck, _, described = describe(src, "gguf")
-    if described.descriptors:
-        raise error(SOURCE_ERROR, f"{ck.path} holds quantized tensors (gguf); quantize takes plain checkpoints: "
-                                  f"use `qformat convert {os.fspath(src)} DST` to turn it into qformat")
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix=".qformat-gguf-", dir=tmp_dir if tmp_dir and os.path.isdir(tmp_dir) else None) as tmp:
-        path = os.path.join(tmp, os.path.splitext(os.path.basename(ck.path))[0] + ".safetensors")
-        write(ck, described, path)
-        ck.release()
-        yield path
+        return open_plain_source(src)
+    return PlainGGUF(src)
 
 
 def quantized_format(ck: Any) -> str | None:
@@ -305,8 +295,9 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     """Quantize the plain checkpoint ``src`` into a qformat checkpoint at ``dst``.
 
     ``src``: a folder (config.json with model.safetensors or a sharded index), a .safetensors
-    file or an index.json.  ``dst``: a folder for a folder or sharded source (or with
-    ``max_shard_size``), else a file.  ``scheme`` and ``params`` (as :func:`qformat.quantize`;
+    file or an index.json; or a GGUF file of F32 / F16 / BF16 tensors, read in place as its
+    single-file conversion would be (:mod:`qformat.checkpoint.gguf_plain`).  ``dst``: a folder
+    for a folder or sharded source (or with ``max_shard_size``), else a file.  ``scheme`` and ``params`` (as :func:`qformat.quantize`;
     ``dtype`` defaults to each tensor's own floating dtype) apply under the default selection
     rule; ``recipe`` (a TOML path, a :class:`~qformat.recipe.Recipe` or its dict) adds ordered
     rules.  A folder's other files and subfolders (tokenizer, sentence-transformers modules, ...)
@@ -341,12 +332,7 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
                       progress=progress, notice=notice, strict=strict, preset=preset, imatrix=imatrix, **params)
         return split.run(quantize_checkpoint, kwargs, command="quantize", part=part, workers=workers, notice=notice)
 
-    if not isinstance(src, (str, os.PathLike)) or not os.fspath(src).endswith((".safetensors", ".json")):
-        with plain_source_path(src, os.path.dirname(os.path.abspath(os.fspath(dst)))) as plain:
-            if plain is not src:  # a GGUF file: its single-file conversion, quantized into dst as it would be
-                return quantize_checkpoint(plain, dst, scheme, recipe, max_shard_size=max_shard_size, overwrite=overwrite,
-                                           progress=progress, notice=notice, strict=strict, preset=preset, imatrix=imatrix, **params)
-    ck = open_plain_source(src)
+    ck = open_source(src)
     im = _load_imatrix(imatrix)
     resolved = None
     if preset is not None:
@@ -375,7 +361,9 @@ def quantize_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]
             notice(f"warning: [{w['code']}] {w['message']}")
     as_folder = os.path.isdir(ck.path) or ck.sharded or max_shard_size is not None
     dst = checkpoint_writer.resolve_destination(dst, as_folder, ck.files[0])
-    if dst == ck.path or (not as_folder and dst in [os.path.join(ck.folder, f) for f in ck.files]):
+    # a GGUF file's tensors stand for its single-file conversion, which is no file: any other path will do
+    own = [] if isinstance(ck, PlainGGUF) else [os.path.join(ck.folder, f) for f in ck.files]
+    if dst == ck.path or (not as_folder and dst in own):
         raise checkpoint_writer.destination_error(f"the destination {dst} is the source itself")
     checkpoint_writer.check_destination(dst, as_folder, overwrite)
 
@@ -482,8 +470,7 @@ def preset_recipe(src: str | os.PathLike[str], preset: str, imatrix: Any = None)
     """``preset`` resolved for the plain checkpoint ``src`` (what ``qformat quantize --preset``
     applies, with ``imatrix`` given or not; :func:`qformat.gguf_presets.recipe_toml` writes it
     as an editable recipe)."""
-    with plain_source_path(src) as plain:
-        return resolve_preset(open_plain_source(plain), preset, has_imatrix=imatrix is not None)
+    return resolve_preset(open_source(src), preset, has_imatrix=imatrix is not None)
 
 
 def _imatrix_record(im: Any, importance: Mapping[str, Any]) -> dict[str, Any]:
