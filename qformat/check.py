@@ -418,21 +418,21 @@ class Admission:
                 for name in [*model.descriptors, *model.plain]:
                     self.digested[name] = (path, header, model)
 
-    def open(self, path: str) -> Any:
-        """A :class:`qformat.io.SafeOpen` of the admitted file ``path`` over what :meth:`headers`
-        read: the same header, interpretation and memory map (of the same open file) that the
-        header rules passed, so a load reads and parses each header once, and a file replaced
-        after its admission is never read under its admitted facts.  A path not admitted here is
-        opened anew (``SafeOpen(path)``)."""
+    def shard(self, path: str) -> Any:
+        """The admitted file ``path`` as a :class:`qformat.checkpoint.Shard` of what
+        :meth:`headers` read: the same header, interpretation and memory map (of the same open
+        file) that the header rules passed, for ``SafeOpen(path, admission.shard(path))``
+        (:func:`qformat.io.open_admitted`), so a load reads and parses each header once and a
+        file replaced after its admission is never read under its admitted facts.  None for a
+        path not admitted here (``SafeOpen(path, None)`` opens it anew)."""
         from .checkpoint import Shard
-        from .io import SafeOpen
 
         got = self._opened.get(path)
         if got is None:
-            return SafeOpen(path)
+            return None
         header, src, model = got
         name = path.rsplit("/", 1)[-1] if is_url(path) else os.path.basename(path)
-        return SafeOpen(path, Shard(path, name, header, model, src))
+        return Shard(path, name, header, model, src)
 
     def _problems(self, name: str, src: Any) -> list[QFormatError]:
         """check's payload problems of ``name``, then its digest problems (SPEC.md §3.8: every

@@ -26,7 +26,7 @@ from .slicing import describe_alignment, is_aligned, slice_qtensor
 from .sources import ArraySource, FileSource, plain_shape
 from .validate import validate_descriptor
 
-__all__ = ["CheckpointOpen", "FileSource", "IndexPlan", "SafeOpen", "Slice", "index_plan", "load_checkpoint", "load_file",
+__all__ = ["CheckpointOpen", "FileSource", "IndexPlan", "SafeOpen", "Slice", "index_plan", "load_checkpoint", "load_file", "open_admitted",
            "parse_index", "prepare",
            "safe_open", "save_file", "squeezed_shape"]
 
@@ -50,6 +50,12 @@ class _SliceMethods:
     def get_qtensor_slice(self, name: str, key: Any) -> QTensor:
         """``get_slice(name).qtensor(key)``: a block-aligned box, still packed."""
         return self.get_slice(name).qtensor(key)
+
+
+def open_admitted(admission: Any, path: str) -> "SafeOpen":
+    """A :class:`SafeOpen` of ``path`` over what ``admission`` (:class:`qformat.check.Admission`)
+    read and checked when it admitted the file; opened anew where it did not admit ``path``."""
+    return SafeOpen(path, admission.shard(path))
 
 
 class SafeOpen(_SliceMethods):

@@ -18,6 +18,7 @@ import qformat.container as container
 from qformat.check import Admission, check, check_file, check_index, open_source
 from qformat.checkpoint.source import admit_files
 from qformat.container import read_header, read_mapped
+from qformat.io import open_admitted
 from qformat.errors import QFormatError
 from qformat.io import SafeOpen, safe_open
 
@@ -51,7 +52,7 @@ def test_admit_then_open_parses_each_header_once(tmp_path, parses):
     parses[0] = 0
     adm = admit_files([p])
     assert parses[0] == 1
-    with adm.open(p) as f:
+    with open_admitted(adm, p) as f:
         assert parses[0] == 1  # the admitted parse, not a new one
         assert f.header is adm._opened[p][0] and f.source is adm._sources[p]
         assert sorted(f.keys()) == sorted(want)
@@ -62,7 +63,7 @@ def test_admit_then_open_parses_each_header_once(tmp_path, parses):
     # a path the admission did not read: opened anew, as SafeOpen(path)
     q = str(tmp_path / "other.safetensors")
     _write(q, 2)
-    with adm.open(q) as g:
+    with open_admitted(adm, q) as g:
         assert sorted(g.keys()) == sorted(want)
 
 
@@ -73,7 +74,7 @@ def test_replaced_file_is_not_read_under_admitted_facts(tmp_path):
     _write(other, 7, rows=16)  # another size and other values
     adm = admit_files([p])
     os.replace(other, p)  # swapped under the name after admission
-    with adm.open(p) as f:
+    with open_admitted(adm, p) as f:
         # header, interpretation and bytes are all of the admitted file (its inode is mapped)
         assert f.shape("w") == want["w"].shape
         for k, v in want.items():
@@ -129,7 +130,7 @@ def test_index_shards_parsed_once(tmp_path, parses):
     adm = Admission(files, idx, digests=False)
     adm.headers()
     assert parses[0] == 2
-    with adm.open(files[1]) as f:
+    with open_admitted(adm, files[1]) as f:
         assert f.is_quantized("y")
     assert parses[0] == 2
 

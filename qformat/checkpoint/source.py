@@ -47,7 +47,7 @@ def admit_files(paths: Iterable[str], index: str | None = None, digests: bool = 
     logical tensor through the returned ``Admission``'s ``check_logical``, recorded digests
     verified only with ``digests`` (they cost a read of every byte; SPEC.md §12.5 leaves
     verifying to the user's request); None inside :func:`unchecked`.  Each file's header is read
-    and parsed once: ``Admission.open(path)`` gives the loader a ``SafeOpen`` over that same
+    and parsed once: ``qformat.io.open_admitted(admission, path)`` gives the loader a ``SafeOpen`` over that same
     parse and memory map (never a fresh read a replaced file could answer differently)."""
     if not _CHECKED.get():
         return None
