@@ -1,7 +1,8 @@
 """Quantized tensors decoded into a model entry by transformers' own loader.
 
-A qformat logical tensor that does not become a :class:`qformat_torch.nn.QLinear` (an embedding,
-a norm, a Conv1D weight, a tensor the model has no place for) is handed to transformers' v5
+A qformat logical tensor that does not become a :class:`qformat_torch.nn.QLinear` or a packed
+embedding (:mod:`qformat_torch.embedding`; an embedding it cannot keep packed, a norm, a Conv1D
+weight, a tensor the model has no place for) is handed to transformers' v5
 conversion mechanism as one :class:`DecodeConverter`: its source patterns are the logical
 tensor's component names (as the model's renamings leave them), its target the logical name,
 and its op, :class:`QFormatDecode`, decodes the components with :mod:`qformat_torch` into the

@@ -19,6 +19,16 @@ Loading a qformat checkpoint (``pre_quantized``):
    :class:`qformat_torch.nn.QLinear` over those same tensors (no copy, never decoded to full
    precision).
 
+A quantized embedding whose rows can be gathered (:func:`qformat_torch.embedding.rows_movable`)
+of an ``nn.Embedding`` whose forward :mod:`qformat_torch.embedding` reproduces (``nn.Embedding``'s,
+Gemma's scaled one) is not decoded either: step 1 gives its module meta buffers under the
+components' names in place of its ``weight``, and step 3 makes it a packed embedding (lookups
+decode only the rows asked for, bit for bit) and a head tied to it a
+:class:`qformat_torch.embedding.TiedHead` (a QLinear over the same buffers: under the "decode"
+policy F.linear on the decoded table, bit for bit, as the tied dense head).  Asking for the
+embedding's ``weight`` makes it (and its heads) the plain decoded, tied modules a decoded load
+gives.
+
 Quantizing on load (``QFormatConfig(scheme=...)`` or ``recipe=...`` on a plain checkpoint):
 the selected Linear modules (``qformat quantize``'s rules over the checkpoint's names, dtypes
 and shapes) become placeholders that keep a meta ``weight``; transformers reads each weight in
@@ -41,9 +51,11 @@ qformat files (SPEC §14), and refuses a sharded ``push_to_hub`` before writing.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,6 +283,9 @@ class QFormatHfQuantizer(HfQuantizer):
         self.planned: dict[str, Planned] = {}  # model module path -> plan
         self.mirror_keys: set[str] = set()
         self.decoded: list[Quantized] = []  # decoded into an entry by the loader (DecodeConverter)
+        #: embedding module path -> (its tensor, component -> buffer path relative to the module,
+        #: entry dtype, paths of the heads tied to it): kept packed (:meth:`_place_embedding`)
+        self.packed_embeddings: dict[str, tuple[Quantized, dict[str, str], torch.dtype, list[str]]] = {}
         self.decoded_entries: dict[str, Quantized] = {}  # model entry -> the decoded tensor it holds (kept in its scheme on save)
         #: The GGUF record of a folder ``qformat convert`` made from a GGUF (``__metadata__`` members
         #: ``gguf`` and ``gguf.kv.*``), carried into what save_pretrained writes, so that the save
@@ -406,16 +421,18 @@ class QFormatHfQuantizer(HfQuantizer):
         from qformat.checkpoint.output import file_metadata
         from qformat.digests import with_digests
         from qformat_torch.dtypes import tensor_sha256
+        from qformat_torch.embedding import PackedEmbedding
         from qformat_torch.nn import QLinear
 
         sd = model.state_dict()
         descs: dict[str, Any] = {}
         comps: dict[str, torch.Tensor] = {}
         for path, mod in model.named_modules():
-            if not isinstance(mod, QLinear):
+            if not isinstance(mod, QLinear | PackedEmbedding):
                 continue
             prefix = f"{path}." if path else ""
-            for k in [k for k in sd if k.startswith(prefix) and k != prefix + "bias"]:
+            for k in [k for k in sd if k.startswith(prefix) and k != prefix + "bias"
+                      and (isinstance(mod, QLinear) or k[len(prefix):].startswith("qweight_"))]:
                 del sd[k]
             logical = prefix + "weight"
             pw = mod.packed_weight()
@@ -484,7 +501,7 @@ class QFormatHfQuantizer(HfQuantizer):
 
     # -- loading a qformat checkpoint ----------------------------------------------------------
     def _plan_load(self, model: nn.Module, files: list[str], names: NameMap) -> None:
-        from qformat.io import SafeOpen
+        from qformat.io import SafeOpen, open_admitted
 
         if files:
             self.stored = {}
@@ -493,7 +510,8 @@ class QFormatHfQuantizer(HfQuantizer):
             self.admission = admit_files(files)
         entries = model.state_dict()  # before any placeholder: the names the checkpoint maps to
         for path in files:
-            f = SafeOpen(path)
+            # the header and memory map the admission checked, parsed once (None inside unchecked())
+            f = open_admitted(self.admission, path) if self.admission is not None else SafeOpen(path)
             try:
                 if not self.source_metadata:
                     self.source_metadata = {k: v for k, v in (f.metadata() or {}).items() if k == "gguf" or k.startswith("gguf.")}
@@ -506,8 +524,8 @@ class QFormatHfQuantizer(HfQuantizer):
                                   {c: (f.header.entries[c].dtype, tuple(f.header.entries[c].shape)) for c in comps})
                     self.descriptors[name] = f.model.raw[name]
                     self.logical_of.update({c: name for c in comps})
-                    if not self._place(model, q, names, entries):
-                        # an embedding, a norm, a tensor with no place in the model: the loader
+                    if not self._place(model, q, names, entries) and not self._place_embedding(model, q, names, entries):
+                        # a norm, an embedding it cannot keep packed, a tensor with no place in the model: the loader
                         # decodes it into the entry its name maps to (update_weight_conversions)
                         self.decoded.append(q)
             finally:
@@ -538,13 +556,126 @@ class QFormatHfQuantizer(HfQuantizer):
         self.planned[mpath] = plan
         return True
 
+    def _place_embedding(self, model: nn.Module, q: Quantized, names: NameMap, entries: dict[str, Any]) -> bool:
+        """Keep the embedding ``q`` loads into packed (:mod:`qformat_torch.embedding`), when its
+        module's forward is one a packed embedding reproduces and its rows can be gathered: its
+        ``weight`` parameter gives way to a child module of meta buffers under the components'
+        names, which the loader fills; each head tied to it becomes a placeholder that
+        :meth:`_finish_embeddings` makes a :class:`qformat_torch.embedding.TiedHead` (a QLinear
+        over the same buffers), the tie itself dropped.  False (the loader decodes it) otherwise."""
+        from qformat.descriptor import parse_descriptor
+        from qformat_torch.embedding import embedding_kind, rows_movable
+
+        target, pattern = names.target(q.name, entries)
+        if pattern is not None or target not in entries or len(q.shape) != 2:
+            return False
+        mpath, _, attr = target.rpartition(".")
+        emb = _get_module(model, mpath)
+        if attr != "weight" or embedding_kind(emb) is None or tuple(q.shape) != (emb.num_embeddings, emb.embedding_dim):
+            return False
+        if not isinstance(emb._parameters.get("weight"), torch.Tensor) or "weight" in emb._modules:
+            return False
+        try:
+            parsed = parse_descriptor(q.name, q.descriptor)
+        except QFormatError:
+            return False
+        if not rows_movable(parsed, {c: s for c, (_, s) in q.components.items()}):
+            return False
+        renamed = names.renamed(q.name)
+        rels: dict[str, str] = {}
+        for comp in q.components:
+            where = _moved(renamed, target, names.renamed(comp))
+            if where is None or not where.startswith(target + "."):
+                return False
+            rels[comp] = where[len(mpath) + 1:]
+        tied = dict(getattr(model, "all_tied_weights_keys", None) or {})  # target -> source
+        heads = []
+        for t, src in tied.items():
+            if src != target:
+                continue
+            hpath, _, hattr = t.rpartition(".")
+            head = _get_module(model, hpath)
+            if hattr != "weight" or not isinstance(head, nn.Linear) or (head.out_features, head.in_features) != tuple(q.shape):
+                return False
+            heads.append(hpath)
+        dtype = emb.weight.dtype
+        del emb._parameters["weight"]
+        holder = nn.Module()
+        holder._is_hf_initialized = True  # transformers' init of an nn.Embedding skips it
+        emb.add_module("weight", holder)
+        for comp, (dt, shape) in q.components.items():
+            if not _add_mirror(emb, rels[comp], _storage_torch(dt), shape):
+                raise error("LOAD_MISMATCH", f"component {comp!r} collides with a tensor of the embedding", tensor=q.name)
+            self.mirror_keys.add(f"{mpath}.{rels[comp]}")
+        _untie(model, target)
+        for hpath in heads:
+            _set_module(model, hpath, PendingQLinear(_get_module(model, hpath), f"{hpath}.weight", keep_weight=False))
+        self.packed_embeddings[mpath] = (q, rels, dtype, heads)
+        return True
+
+    def _finish_embeddings(self, model: nn.Module) -> None:
+        """Each planned embedding becomes a packed embedding over the components the loader read
+        into its buffers (file-mapped: nothing decoded), each head tied to it a TiedHead."""
+        from qformat_torch.embedding import TiedHead, pack_embedding
+        from qformat_torch.qtensor import TorchQTensor
+
+        for mpath, (q, rels, dtype, heads) in self.packed_embeddings.items():
+            emb = _get_module(model, mpath)
+            if emb is None or "weight" not in emb._modules:
+                continue
+            comps = {}
+            for comp, rel in rels.items():
+                t = _get_rel(emb, rel)
+                if t.device.type == "meta":
+                    raise error("COMPONENT_MISSING", f"component {comp!r} was not loaded from the checkpoint", tensor=q.name)
+                comps[comp] = t
+            names = local_names(q.name, list(comps))
+            desc = rename_references(q.descriptor, lambda c, m=names: m.get(c, c))
+            try:
+                tq = TorchQTensor(desc, {names[c]: t for c, t in comps.items()})
+            except QFormatError as e:
+                raise error(e.code, e.message, tensor=q.name, field=e.field) from None
+            pack_embedding(emb, tq, dtype)
+            for hpath in heads:
+                holder = _get_module(model, hpath)
+                if isinstance(holder, PendingQLinear):
+                    _set_module(model, hpath, TiedHead(emb, holder.bias, kernel=self.quantization_config.kernel))
+            emb.__dict__["_on_unpack"] = functools.partial(self._embedding_unpacked, weakref.ref(model), mpath)
+
+    def _embedding_unpacked(self, model_ref: Any, mpath: str, weight: nn.Parameter) -> None:
+        """A packed embedding became a plain one (something asked for its weight): its tied heads
+        become ``nn.Linear`` modules sharing that weight and the ties are declared again, and it
+        is saved in its scheme while it holds what was decoded (as a decoded load's)."""
+        from qformat_torch.embedding import TiedHead
+
+        model = model_ref()
+        q, _, _, heads = self.packed_embeddings[mpath]
+        target = f"{mpath}.weight"
+        self.decoded_entries[target] = q
+        if model is None:
+            return
+        tied = getattr(model, "all_tied_weights_keys", None)
+        for hpath in heads:
+            head = _get_module(model, hpath)
+            if not isinstance(head, TiedHead):
+                continue
+            with torch.device("meta"):
+                lin = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
+            lin.weight = weight
+            if head.bias is not None:
+                lin.bias = head.bias
+            _set_module(model, hpath, lin)
+            if isinstance(tied, dict):
+                tied[f"{hpath}.weight"] = target
+
     def _finish_load(self, model: nn.Module) -> None:
         from qformat_torch.io import safe_open
         from qformat_torch.nn import QLinear
         from qformat_torch.qtensor import TorchQTensor
 
         if self.admission is not None:
-            for name in [p.name for p in self.planned.values()] + [q.name for q in self.decoded]:
+            for name in ([p.name for p in self.planned.values()] + [q.name for q in self.decoded]
+                         + [e[0].name for e in self.packed_embeddings.values()]):
                 self.admission.check_logical(name)
             self.admission = None  # its memory maps go with it (the model keeps this quantizer)
         for mpath, plan in self.planned.items():
@@ -570,6 +701,7 @@ class QFormatHfQuantizer(HfQuantizer):
                 raise error(e.code, e.message, tensor=plan.name, field=e.field) from None
             # prepared at first use: loading neither unpacks codes nor scans weight ranges
             _set_module(model, mpath, QLinear(tq, holder.bias, kernel=self.quantization_config.kernel, prepare=False))
+        self._finish_embeddings(model)
         if self.descriptors and isinstance(self.quantization_config, QFormatConfig) and self.quantization_config.spec_version is None:
             from qformat.model import required_version
 
