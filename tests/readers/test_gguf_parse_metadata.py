@@ -109,6 +109,7 @@ def test_metadata_and_config_from_the_record_are_transformers_own(tmp_path, monk
     _check(src, monkeypatch)
 
 
+@pytest.mark.llama_cpp  # the real model is a 253 MB download (tests/real_models.py), as for the other real-model tests
 def test_real_gemma3(monkeypatch):
     from .. import real_models
 
