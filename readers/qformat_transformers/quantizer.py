@@ -617,7 +617,6 @@ class QFormatHfQuantizer(HfQuantizer):
         """Each planned embedding becomes a packed embedding over the components the loader read
         into its buffers (file-mapped: nothing decoded), each head tied to it a TiedHead."""
         from qformat_torch.embedding import TiedHead, pack_embedding
-        from qformat_torch.qtensor import TorchQTensor
 
         for mpath, (q, rels, dtype, heads) in self.packed_embeddings.items():
             emb = _get_module(model, mpath)
@@ -629,12 +628,7 @@ class QFormatHfQuantizer(HfQuantizer):
                 if t.device.type == "meta":
                     raise error("COMPONENT_MISSING", f"component {comp!r} was not loaded from the checkpoint", tensor=q.name)
                 comps[comp] = t
-            names = local_names(q.name, list(comps))
-            desc = rename_references(q.descriptor, lambda c, m=names: m.get(c, c))
-            try:
-                tq = TorchQTensor(desc, {names[c]: t for c, t in comps.items()})
-            except QFormatError as e:
-                raise error(e.code, e.message, tensor=q.name, field=e.field) from None
+            tq = _local_qtensor(q.name, q.descriptor, comps)
             pack_embedding(emb, tq, dtype)
             for hpath in heads:
                 holder = _get_module(model, hpath)
@@ -671,7 +665,6 @@ class QFormatHfQuantizer(HfQuantizer):
     def _finish_load(self, model: nn.Module) -> None:
         from qformat_torch.io import safe_open
         from qformat_torch.nn import QLinear
-        from qformat_torch.qtensor import TorchQTensor
 
         if self.admission is not None:
             for name in ([p.name for p in self.planned.values()] + [q.name for q in self.decoded]
@@ -693,12 +686,7 @@ class QFormatHfQuantizer(HfQuantizer):
                 with safe_open(plan.file, device=dev) as f:
                     src = f.get_qtensor(plan.name).components
                 comps.update({c: src[c] for c in plan.from_file})
-            names = local_names(plan.name, list(comps))
-            desc = rename_references(plan.descriptor, lambda c, m=names: m.get(c, c))
-            try:
-                tq = TorchQTensor(desc, {names[c]: t for c, t in comps.items()})
-            except QFormatError as e:
-                raise error(e.code, e.message, tensor=plan.name, field=e.field) from None
+            tq = _local_qtensor(plan.name, plan.descriptor, comps)
             # prepared at first use: loading neither unpacks codes nor scans weight ranges
             _set_module(model, mpath, QLinear(tq, holder.bias, kernel=self.quantization_config.kernel, prepare=False))
         self._finish_embeddings(model)
@@ -790,3 +778,16 @@ class QFormatHfQuantizer(HfQuantizer):
             from qformat.model import required_version
 
             self.quantization_config.spec_version = required_version(self.descriptors)
+
+
+def _local_qtensor(name: str, descriptor: Any, comps: dict[str, torch.Tensor]) -> Any:
+    """The stored tensor ``name`` over its loaded components, renamed to the module's local
+    component names (an invalid result is refused with its code, naming the tensor)."""
+    from qformat_torch.qtensor import TorchQTensor
+
+    names = local_names(name, list(comps))
+    desc = rename_references(descriptor, lambda c, m=names: m.get(c, c))
+    try:
+        return TorchQTensor(desc, {names[c]: t for c, t in comps.items()})
+    except QFormatError as e:
+        raise error(e.code, e.message, tensor=name, field=e.field) from None
