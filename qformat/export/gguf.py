@@ -294,8 +294,9 @@ def _simple(name: str, out: str, desc: Descriptor, ctx: Context) -> Mapped:
         negate = b.op == "subtract"  # x*s - b == x*s + (-b); negating an F16 is exact
     t = BY_NAME[choice[0]]
     lut = encode_values(code_values(bits, sgn), t.codes.bits, t.codes.signedness)
-    table = np.zeros(256, np.uint8)
-    table[: lut.size] = lut  # codes are below 2^bits: the rest is never read
+    # codes are below 2^bits: the table's rest is never read.  No table where the stored codes
+    # are the block's own (Q5_0, Q8_0 of scheme gguf): _ggml.insert then skips the lookup
+    table = None if np.array_equal(lut, np.arange(lut.size)) else np.pad(lut, (0, 256 - lut.size))
     shape = tuple(desc.shape)
     lead, K = shape[:-1], shape[-1]
 

@@ -76,6 +76,9 @@ def pad(n: int, alignment: int) -> int:
 
 
 # -- values ------------------------------------------------------------------------------------------
+_U64 = struct.Struct("<Q")
+
+
 def _string(s: str) -> bytes:
     b = s.encode("utf-8")
     return struct.pack("<Q", len(b)) + b
@@ -96,10 +99,18 @@ def encode_value(vtype: str, value: Any, element_type: str | None = None) -> byt
             raise ValueError("an array value needs its element_type")
         head = struct.pack("<IQ", VALUE_TYPE_IDS[element_type], len(value))
         if element_type == "string":
-            return head + b"".join(_string(str(v)) for v in value)
+            # a vocabulary is ~10^5 strings: lengths and bytes interleaved in one join
+            enc = [str(v).encode("utf-8") for v in value]
+            parts: list[bytes] = [b""] * (2 * len(enc))
+            parts[0::2] = map(_U64.pack, map(len, enc))
+            parts[1::2] = enc
+            return head + b"".join(parts)
         if element_type == "array":
             return head + b"".join(encode_value("array", v["value"], v["element_type"]) for v in value)
         fmt = VALUE_TYPES[VALUE_TYPE_IDS[element_type]][1]
+        if not any(isinstance(v, str) for v in value):  # no "nan"/"inf" strings: NumPy converts the list at once
+            items = value if element_type != "bool" else [1 if v else 0 for v in value]
+            return head + np.asarray(items, dtype=np.dtype(fmt)).tobytes()
         items = [_number(v) for v in value]
         if element_type == "bool":
             items = [1 if v else 0 for v in items]

@@ -1833,16 +1833,37 @@ static PyObject *py_insert(PyObject *self, PyObject *args) {
             uint8_t *b = (uint8_t *)bb.buf;
             const uint8_t *c = (const uint8_t *)cb.buf;
             Py_BEGIN_ALLOW_THREADS
-            for (Py_ssize_t i = 0; i < nb; i++) {
-                uint8_t *blk = b + i * size;
-                const uint8_t *cd = c + i * per;
-                for (Py_ssize_t j = 0; j < nr; j++) {
-                    const int32_t *q = r + 6 * j;
-                    const int n = q[1], rs = q[3], ls = q[5];
-                    const uint8_t mask = (uint8_t)q[4];
-                    const uint8_t *src = cd + q[0];
-                    uint8_t *dst = blk + q[2];
-                    for (int k = 0; k < n; k++) dst[k] |= (uint8_t)((uint8_t)((table[src[k]] >> ls) & mask) << rs);
+            if (lb.buf == NULL) {
+                /* no table: the same bytes without the lookup, a loop the compiler vectorizes (a
+                 * GGUF export's codes are the stored ones for every type but Q4_0's signed forms) */
+                for (Py_ssize_t i = 0; i < nb; i++) {
+                    uint8_t *blk = b + i * size;
+                    const uint8_t *cd = c + i * per;
+                    for (Py_ssize_t j = 0; j < nr; j++) {
+                        const int32_t *q = r + 6 * j;
+                        const int n = q[1], rs = q[3], ls = q[5];
+                        const uint8_t mask = (uint8_t)q[4];
+                        const uint8_t *restrict src = cd + q[0];
+                        uint8_t *restrict dst = blk + q[2];
+                        if (rs == 0 && ls == 0 && mask == 0xFF) {
+                            for (int k = 0; k < n; k++) dst[k] |= src[k];
+                        } else {
+                            for (int k = 0; k < n; k++) dst[k] |= (uint8_t)((uint8_t)((src[k] >> ls) & mask) << rs);
+                        }
+                    }
+                }
+            } else {
+                for (Py_ssize_t i = 0; i < nb; i++) {
+                    uint8_t *blk = b + i * size;
+                    const uint8_t *cd = c + i * per;
+                    for (Py_ssize_t j = 0; j < nr; j++) {
+                        const int32_t *q = r + 6 * j;
+                        const int n = q[1], rs = q[3], ls = q[5];
+                        const uint8_t mask = (uint8_t)q[4];
+                        const uint8_t *src = cd + q[0];
+                        uint8_t *dst = blk + q[2];
+                        for (int k = 0; k < n; k++) dst[k] |= (uint8_t)((uint8_t)((table[src[k]] >> ls) & mask) << rs);
+                    }
                 }
             }
             Py_END_ALLOW_THREADS
@@ -1887,6 +1908,10 @@ static PyObject *py_extract_packed(PyObject *self, PyObject *args) {
         } else {
             const uint8_t *b = (const uint8_t *)bb.buf;
             uint8_t *o = (uint8_t *)ob.buf;
+            /* a first run over every code is stored, not OR-ed into zeros (no memset); 8-bit codes
+             * that are one run of whole bytes (Q8_0) are copied straight from the block */
+            const int first_all = nr > 0 && r[0] == 0 && r[1] == count;
+            const int whole_bytes = bits == 8 && nr == 1 && first_all && r[3] == 0 && r[5] == 0 && (uint8_t)r[4] == 0xFF;
             Py_BEGIN_ALLOW_THREADS
             uint8_t codes[4096];
             for (Py_ssize_t row = 0; row < rows; row++) {
@@ -1895,14 +1920,23 @@ static PyObject *py_extract_packed(PyObject *self, PyObject *args) {
                 int nacc = 0;
                 for (Py_ssize_t k = 0; k < bpr; k++) {
                     const uint8_t *blk = b + (row * bpr + k) * size;
-                    memset(codes, 0, (size_t)count);
+                    if (whole_bytes) {
+                        memcpy(w, blk + r[2], (size_t)count);
+                        w += count;
+                        continue;
+                    }
+                    if (!first_all) memset(codes, 0, (size_t)count);
                     for (Py_ssize_t j = 0; j < nr; j++) {
                         const int32_t *q = r + 6 * j;
                         const int n = q[1], rs = q[3], ls = q[5];
                         const uint8_t mask = (uint8_t)q[4];
-                        const uint8_t *src = blk + q[2];
-                        uint8_t *dst = codes + q[0];
-                        for (int e = 0; e < n; e++) dst[e] |= (uint8_t)((uint8_t)((src[e] >> rs) & mask) << ls);
+                        const uint8_t *restrict src = blk + q[2];
+                        uint8_t *restrict dst = codes + q[0];
+                        if (j == 0 && first_all) {
+                            for (int e = 0; e < n; e++) dst[e] = (uint8_t)((uint8_t)((src[e] >> rs) & mask) << ls);
+                        } else {
+                            for (int e = 0; e < n; e++) dst[e] |= (uint8_t)((uint8_t)((src[e] >> rs) & mask) << ls);
+                        }
                     }
                     if (bits == 8) {
                         memcpy(w, codes, (size_t)count);

@@ -5,7 +5,7 @@ stays within about one tensor.
 - ``_ggml.dequantize`` (ggml's dequantize_row_<type> in C) against :func:`_decode_numpy`
   (gguf-py's arithmetic in NumPy) on random blocks, every F16 bit pattern included;
 - ``_ggml.insert`` against :func:`_insert_numpy`, ``_ggml.unpack`` against
-  :func:`qformat.packing.unpack_rows`;
+  :func:`qformat.packing.unpack_rows_numpy`;
 - an export of scheme ``gguf`` tensors of every legacy and K type, in slices of a few rows and in
   one piece, with and without the native kernels: the same file, whose blocks are the scheme's;
 - the peak resident set of ``qformat export --to gguf`` of a checkpoint whose one large tensor
@@ -30,7 +30,7 @@ from qformat.convert.gguf_file import GGUFFile
 from qformat.export import base as export_base
 from qformat.export import export
 from qformat.export.gguf import BY_NAME, NATIVE_DECODE, _decode, _decode_numpy, _insert, _insert_numpy
-from qformat.packing import Packing, unpack_rows
+from qformat.packing import Packing, unpack_rows_numpy
 
 MB = 1 << 20
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -72,7 +72,7 @@ def test_native_insert_and_unpack_are_the_numpy_ones():
             words = rng.integers(0, 256, (5, p.words_per_row(length, bits)), dtype=np.uint8)
             out = np.empty((5, length), np.uint8)
             kernels._ggml.unpack(words, bits, 5, out)
-            assert (out == unpack_rows(words, bits, p, length)).all(), (bits, length)
+            assert (out == unpack_rows_numpy(words, bits, p, length)).all(), (bits, length)
 
 
 def _scheme_checkpoint(path, rng) -> dict[str, np.ndarray]:
