@@ -177,7 +177,8 @@ def write(ck: Checkpoint, described: Described, dst: str, repack: bool = False, 
 
     ``model_folder`` (a GGUF source made runnable, :mod:`qformat_transformers.gguf_layout`): ``dst``
     is a model folder holding ``model.safetensors`` and these files (config.json, tokenizer,
-    ...) by name, instead of the single file.
+    ...) by name, instead of the single file.  The mapping is first read once the weights are
+    written (an error it raises then removes them, and nothing is moved into place).
 
     Runs on :mod:`qformat.pipeline`: every header is planned from specs first, then each
     tensor is produced (copied from the source's memory map, repacked, or made by the
@@ -194,20 +195,22 @@ def write(ck: Checkpoint, described: Described, dst: str, repack: bool = False, 
     bar = Progress(total, len(p.order), progress if len(p.order) > 1 else None)
     summary = Summary(logical=sum(len(d) for d in p.descriptors.values()), stored=sum(len(v) for v in p.stored.values()), bytes=total)
     side: list[checkpoint_writer.SideFile] = []
-    extra = dict(model_folder or {})
+    # ``model_folder`` is passed on as it is, read only once the weights are written: its files
+    # may still be in the making then (gguf_layout proves its tokenizer meanwhile)
+    extra: Mapping[str, bytes] = model_folder if model_folder is not None else {}
     if as_folder and model_folder is None:  # a GGUF's folder is not a model folder: nothing beside it is copied
         skip: set[str] = set()
         if repack:  # qformat's config.json; the source format's own side files (read into descriptors) stay behind
             skip = {"config.json", *described.consumed_side_files}
             if isinstance(ck.config, dict):
-                extra["config.json"] = out_.config_bytes(*repacked_config(ck, p.descriptors))
+                extra = {"config.json": out_.config_bytes(*repacked_config(ck, p.descriptors))}
         side = out_.source_side_files(ck, dst, skip)
     index = None
     if as_folder and ck.sharded:
         index = checkpoint_writer.IndexSpec(ck.index_name or "model.safetensors.index.json", dict(ck.index or {}))
     summary.files = run(p, dst, lambda f, descs: _metadata(ck, f, described, descs), as_folder=as_folder, overwrite=overwrite,
                         side_files=side, index=index, verify=verify_output, release=ck.release, file_done=bar.file_done,
-                        extra_files=extra or None)
+                        extra_files=extra if model_folder is not None or extra else None)
     return summary
 
 
