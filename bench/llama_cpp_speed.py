@@ -332,5 +332,24 @@ def bench_llama_cpp_speed(run: Any, tmp: str) -> None:
           f"backends {rows[0]['backends']}", flush=True)
 
 
-if __name__ == "__main__":  # the whole section through the harness's command line (no import of it here: no cycle)
+def tg_json(path: str, n_gen: int, reps: int) -> dict[str, Any]:
+    """llama.cpp's own 1-token speed on the GGUF file ``path`` (``llama-bench -n n_gen``, the
+    measurement of :func:`measure`), on an existing speed build only (never built here):
+    ``{"llama_cpp_tokens_per_s", "llama_cpp_ms", "llama_cpp_threads", "llama_cpp_other_load"}``,
+    or ``{"llama_cpp_skipped": why}``.  ``python -m bench.llama_cpp_speed tg FILE N REPS`` prints
+    it (bench/generate.py's GGUF rows run it so, in a child: it imports nothing of this module,
+    which imports it)."""
+    try:
+        tools, _ = tools_dir(build=False)
+        threads = int(os.environ.get("QFORMAT_BENCH_THREADS") or 2)
+        r = measure(tools / "llama-bench", Path(path), threads, n_gen, reps)
+    except Skip as e:
+        return {"llama_cpp_skipped": str(e)}
+    tps = _median(r["tg"])
+    return {"llama_cpp_tokens_per_s": tps, "llama_cpp_ms": 1e3 / tps, "llama_cpp_threads": threads, "llama_cpp_other_load": r["other_load"]}
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "tg":  # python -m bench.llama_cpp_speed tg FILE N REPS
+    print(json.dumps(tg_json(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+elif __name__ == "__main__":  # the whole section through the harness's command line (no import of it here: no cycle)
     sys.exit(subprocess.call([sys.executable, "-m", "bench", "--only", SECTION, *sys.argv[1:]], cwd=str(ROOT)))

@@ -295,7 +295,7 @@ class TiedHead(nn.Module):
         b = self.bias if self.bias is None or self.bias.dtype == x.dtype else self.bias.to(x.dtype)
         if (nat is not None and x.dtype in nat.path.dtypes and x.device == nat.device and x.shape[-1] == self.in_features
                 and not (x.requires_grad and torch.is_grad_enabled())):
-            y = nat(x.reshape(-1, self.in_features).contiguous()).reshape(x.shape[:-1] + (self.out_features,))
+            y = nat.run(x.reshape(-1, self.in_features).contiguous()).reshape(x.shape[:-1] + (self.out_features,))
             return y if b is None else y.add_(b)
         w = self._decoded.get(x.dtype)
         if w is None:

@@ -256,6 +256,21 @@ class Prepared:
     def __call__(self, x2d: torch.Tensor) -> torch.Tensor:
         return self.path.forward(self, x2d)
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["meta"] = {k: v for k, v in self.meta.items() if k != "run"}  # a closure: rebuilt at first use
+        return state
+
+    @property
+    def run(self) -> Any:
+        """``path.forward(self, x2d)`` as one callable with everything the path can fix once
+        (its tensors' views, the code kind, the group) bound: the same call, the same output bit
+        for bit, without the per-call look-ups (:meth:`KernelPath.runner`); built at first use."""
+        fn = self.meta.get("run")
+        if fn is None:
+            fn = self.meta["run"] = self.path.runner(self)
+        return fn
+
 
 class KernelPath:
     """One native kernel: see the module doc."""
@@ -273,6 +288,11 @@ class KernelPath:
 
     def forward(self, p: Prepared, x2d: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def runner(self, p: Prepared) -> Any:
+        """A callable ``x2d -> forward(p, x2d)`` (:attr:`Prepared.run`); paths whose forward looks
+        things up per call bind them here."""
+        return functools.partial(self.forward, p)
 
     def probe_case(self) -> tuple[Prepared, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(prepared tiny weight, x, the exact float64 product, |x| @ |W|^T) for the probe."""
@@ -476,6 +496,11 @@ class Int4Grouped(KernelPath):
         t = p.tensors
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x2d, t["weight"], int(t["group"]), t["scales_and_zeros"])
 
+    def runner(self, p: Prepared) -> Any:
+        t = p.tensors
+        op, w, g, sz = torch.ops.aten._weight_int4pack_mm_for_cpu, t["weight"], int(t["group"]), t["scales_and_zeros"]
+        return lambda x2d: op(x2d, w, g, sz)
+
     def probe_case(self) -> tuple[Prepared, torch.Tensor, torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(0)
         n, k, g = 32, 128, 32
@@ -538,6 +563,10 @@ class Int8PerChannel(KernelPath):
 
     def forward(self, p: Prepared, x2d: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x2d, p.tensors["weight"], p.tensors["scales"])
+
+    def runner(self, p: Prepared) -> Any:
+        op, w, s = torch.ops.aten._weight_int8pack_mm, p.tensors["weight"], p.tensors["scales"]
+        return lambda x2d: op(x2d, w, s)
 
     def probe_case(self) -> tuple[Prepared, torch.Tensor, torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(0)
@@ -811,6 +840,39 @@ class LutGrouped(KernelPath):
                   bf16=x2d.dtype == torch.bfloat16 and p.meta.get("bf16_normal", False))
         y = torch.from_numpy(out)
         return y if x2d.dtype == torch.float32 else y.to(x2d.dtype)
+
+    def runner(self, p: Prepared) -> Any:
+        """:meth:`forward` with its arguments bound once and ``qformat.kernels.matmul``'s own
+        steps inlined (the level, read per call as it does, so ``qformat.kernels.use`` still
+        applies; the thread count as forward passes it): the same native call with the same
+        arguments, so the same output bit for bit, for about a third of forward's Python cost
+        per call (a decoding step makes one call per linear layer)."""
+        from qformat import kernels as qk
+
+        mm = getattr(qk, "_matmul", None)
+        if mm is None:
+            return functools.partial(self.forward, p)
+        t = p.tensors
+        arr = lambda name: t[name].numpy() if name in t else None  # noqa: E731
+        codes, table, zero, scale, bias = t["codes"].numpy(), t["table"].numpy(), arr("zero"), arr("scale"), arr("bias")
+        n, kind, group = codes.shape[0], qk.MATMUL_KINDS[p.meta["kind"]], p.meta["group"]
+        bf16_ok = 1 if p.meta.get("bf16_normal", False) else 0
+        call, level, nthreads, empty, from_numpy = mm.matmul, qk.matmul_level, torch.get_num_threads, np.empty, torch.from_numpy
+        f32, bf16, npf32 = torch.float32, torch.bfloat16, np.float32
+
+        def run(x2d: torch.Tensor) -> torch.Tensor:
+            dt = x2d.dtype
+            x = x2d if dt is f32 else x2d.float()  # bfloat16 and float16 widen exactly
+            if not x.is_contiguous():
+                x = x.contiguous()
+            m, k = x.shape
+            out = empty((m, n), npf32)
+            call(x.numpy(), m, k, codes, n, kind, table, group, zero, scale, bias, out, 0, n, level(),
+                 bf16_ok if dt is bf16 else 0, max(1, nthreads()))
+            y = from_numpy(out)
+            return y if dt is f32 else y.to(dt)
+
+        return run
 
     def probe_case(self) -> tuple[Prepared, torch.Tensor, torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(0)

@@ -114,6 +114,7 @@ class QLinear(nn.Module):
         self._prepared: kernels.Prepared | None = None  # not a buffer: state_dict holds only the qformat components
         self._native_key: tuple[Any, ...] | None = None  # None: not prepared yet
         self._decoded: dict[torch.dtype, torch.Tensor] = {}
+        self._fast: tuple[Any, ...] | None = None  # forward's fast path (see _make_fast); None: none
         self.register_load_state_dict_post_hook(_reselect_after_load)
         if prepare:
             self._select_kernel()
@@ -129,10 +130,12 @@ class QLinear(nn.Module):
         """Pick the forward path and repack the weight for it (at construction, after a move or a
         load, or when the policy changed)."""
         key = self._kernel_key()
+        self._fast = None
         self._prepared = None  # drop the old repacked copy first
         self._decoded.clear()
         self._prepared = kernels.select(self._parsed, self.component_tensors(), key[1], key[0]) if self._components else None
         self._native_key = key
+        self._fast = self._make_fast()
         if self._prepared is not None:
             # The kernel holds its own copy: components that are views of a mapped file (as
             # from_pretrained loads them) give their pages back; state_dict, a save or the decode
@@ -159,7 +162,50 @@ class QLinear(nn.Module):
         buffers: selected (again) here when any changed or the layer was never prepared."""
         if self._native_key != self._kernel_key():
             self._select_kernel()
+        elif self._prepared is not None and not self._fast_current():
+            self._fast = self._make_fast()  # the same key by another road (a policy set and set back)
         return self._prepared
+
+    @property
+    def kernel(self) -> str | None:
+        """The layer's own kernel policy (None: the process policy); setting it re-selects at the
+        next use."""
+        return self.__dict__.get("_kernel")
+
+    @kernel.setter
+    def kernel(self, value: str | None) -> None:
+        self.__dict__["_kernel"] = value
+        self.__dict__["_fast"] = None  # the fast path's record does not cover the layer's policy
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state["_fast"] = None  # holds a closure (Prepared.run): rebuilt at the next use
+        return state
+
+    def _make_fast(self) -> tuple[Any, ...] | None:
+        """What forward's fast path needs, fixed when the kernel is selected: the prepared call
+        (:attr:`kernels.Prepared.run`), the input dtypes it takes, and what ``_kernel_key`` was
+        made of, in the form forward can compare cheaply: the process policy's generation (None
+        where the layer has its own policy) and the buffers' names and data pointers.  While
+        those are unchanged the key is unchanged (a move changes the data pointers, or ``_apply``
+        re-selects), so forward skips ``_kernel_key`` and the checks ``_forward`` repeats per call
+        (measured: about two thirds of a small layer's QLinear cost at one token).  None where
+        the layer decodes or its kernel is not on the CPU."""
+        p = self._prepared
+        if p is None or p.device.type != "cpu":
+            return None
+        names = tuple(b for b, _ in self._components.values())
+        ptrs = tuple(self._buffers[b].data_ptr() for b in names)
+        gen = None if self.kernel else kernels.policy_generation()
+        return (p.run, p.path.dtypes, gen, names, ptrs)
+
+    def _fast_current(self) -> bool:
+        f = self._fast
+        if f is None:
+            return False
+        gen, bufs = f[2], self._buffers
+        return ((gen is None or gen == kernels.policy_generation())
+                and tuple(bufs[b].data_ptr() for b in f[3]) == f[4])
 
     @property
     def kernel_path(self) -> str:
@@ -200,6 +246,29 @@ class QLinear(nn.Module):
         return self.dequantize_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The fast path (batch-1 decoding makes one call per layer per token, where this Python is
+        # a good part of a small layer's time): the same kernel call as _forward's native branch,
+        # taken where that branch would be -- the kernel selected for the current policy and
+        # buffers (_make_fast's record of them), an input of the kernel's dtype on the CPU with
+        # in_features columns and no gradient to keep -- and nothing else.
+        f = self._fast
+        if f is not None and not x.requires_grad and x.dtype in f[1] and x.is_cpu:
+            gen, bufs, names, ptrs = f[2], self._buffers, f[3], f[4]
+            shape = x.shape
+            if ((gen is None or gen == kernels._POLICY["generation"]) and shape[-1] == self.in_features
+                    and bufs[names[0]].data_ptr() == ptrs[0] and (len(names) == 1 or tuple(bufs[b].data_ptr() for b in names) == ptrs)):
+                # views where they apply (a [batch, tokens, features] activation, contiguous): each
+                # reshape with a computed shape costs a microsecond or two at this size
+                y = f[0](x.view(-1, shape[-1]) if x.is_contiguous() else x.reshape(-1, shape[-1]).contiguous())
+                nd = len(shape)
+                if nd == 3:
+                    y = y.view(shape[0], shape[1], self.out_features)
+                elif nd != 2:
+                    y = y.view(shape[:-1] + (self.out_features,))
+                b = self._parameters.get("bias")
+                if b is None:
+                    return y
+                return y.add_(b if b.dtype == x.dtype else b.to(x.dtype))  # as _forward adds it
         return self._forward(x, self.bias)
 
     def _forward(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -211,7 +280,7 @@ class QLinear(nn.Module):
         # the kernels have no backward: an input that needs a gradient takes the decode path
         if (nat is not None and x.dtype in nat.path.dtypes and x.device == nat.device and x.shape[-1] == self.in_features
                 and not (x.requires_grad and torch.is_grad_enabled())):
-            y = nat(x.reshape(-1, self.in_features).contiguous()).reshape(x.shape[:-1] + (self.out_features,))
+            y = nat.run(x.reshape(-1, self.in_features).contiguous()).reshape(x.shape[:-1] + (self.out_features,))
             return y if b is None else y.add_(b)
         if self.stream and not self.cache:
             return kernels.linear_streamed(self._parsed, self.component_tensors(), x, b, self.chunk_rows)
