@@ -59,6 +59,7 @@ import pkgutil
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -1103,14 +1104,26 @@ def run(name: str, runs: int, seed: int, work: Path, *, corpus: Path | None = No
     if nice:
         cmd = ["nice", "-n", str(nice)] + cmd
     env = dict(os.environ, **{SCRATCH_ENV: str(scratch_dir), "PYTHONWARNINGS": "ignore"})
+    # Started by a shell that forks it, not by subprocess directly: Linux gives a process started
+    # by vfork (as subprocess starts one) its parent's peak resident set at exec, and libFuzzer's
+    # -rss_limit_mb judges that peak, so a pytest worker that once held 2 GB made every target
+    # "out of memory" at its first input; a forked child starts from the shell's few MB.  Its own
+    # session, so that a timeout stops the fuzzer, not only the shell.
+    wrapped = ["/bin/sh", "-c", '"$@"; exit $?', "sh", *cmd] if os.name == "posix" else cmd
     t0 = time.monotonic()
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                           timeout=wall_limit_s)
-        log, rc = p.stdout, p.returncode
-    except subprocess.TimeoutExpired as e:
-        log, rc = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), -9
-        log += f"\n[runner] the process ran past {wall_limit_s} s and was stopped\n"
+        proc = subprocess.Popen(wrapped, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                                start_new_session=os.name == "posix")
+        try:
+            log, _ = proc.communicate(timeout=wall_limit_s)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            if os.name == "posix":
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            log, _ = proc.communicate()
+            log, rc = (log or "") + f"\n[runner] the process ran past {wall_limit_s} s and was stopped\n", -9
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
     r = Result(name, seconds=time.monotonic() - t0, log=log, returncode=rc)

@@ -367,7 +367,11 @@ def _sanitized_build(name: str, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     if not os.path.isabs(asan) or not os.path.exists(asan):
         pytest.skip("the compiler has no AddressSanitizer runtime")
     so = tmp_path / (name + sysconfig.get_config_var("EXT_SUFFIX"))
-    build = subprocess.run([cc, "-O1", "-g", "-std=c11", "-ffp-contract=off", "-fno-omit-frame-pointer",
+    # -O0: the sanitizers instrument every access and check every operation in the source at any
+    # level (-O0 keeps more of them, nothing is folded away), and these runs are small; the build
+    # is most of each test's time and -O1 made it 3-4 times longer (_matmul.c: 47 s of CPU against
+    # 12, its run 1.5 s either way)
+    build = subprocess.run([cc, "-O0", "-g", "-std=c11", "-ffp-contract=off", "-fno-omit-frame-pointer",
                             "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-shared", "-fPIC",
                             "-I" + sysconfig.get_paths()["include"], "-I" + str(ROOT / "libqformat/src"),
                             *[str(ROOT / s) for s in _SOURCES.get(name, [f"qformat/kernels/{name}.c"])], "-o", str(so)],

@@ -37,6 +37,7 @@ import qformat  # noqa: E402
 from ..test_slicing import needed  # noqa: E402
 from .jax_processes import run_group  # noqa: E402
 from .jax_multiprocess_worker import DEVICES, INDEX, MISALIGNED, PACKED_PLACEMENT, PLAN, write_checkpoint  # noqa: E402
+from .run_once import run_once  # noqa: E402
 
 #: process groups: processes -> CPU devices per process
 GROUPS = {2: 2, 4: 1}
@@ -66,15 +67,17 @@ def _launch(folder: str, nproc: int, local: int) -> dict:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> str:
-    folder = str(tmp_path_factory.mktemp("mp-ckpt"))
-    write_checkpoint(folder)
-    return folder
+    """The checkpoint, and in the same folder what the process groups wrote (tests/readers/run_once.py:
+    once per run, whichever xdist worker asks first)."""
+    folder, _ = run_once(tmp_path_factory, "jax-mp-ckpt", lambda f: write_checkpoint(str(f)))
+    return str(folder)
 
 
 @pytest.fixture(scope="module")
-def groups(ckpt) -> dict[int, dict]:
-    """Each process group, run once for the whole module."""
-    return {n: _launch(ckpt, n, local) for n, local in GROUPS.items()}
+def groups(ckpt, tmp_path_factory) -> dict[int, dict]:
+    """Each process group, run once for the whole run (tests/readers/run_once.py)."""
+    _, out = run_once(tmp_path_factory, "jax-mp-groups", lambda _: {n: _launch(ckpt, n, local) for n, local in GROUPS.items()})
+    return {int(n): g for n, g in out.items()}  # JSON's keys are strings
 
 
 def _reports(groups: dict, nproc: int) -> list[dict]:

@@ -36,6 +36,7 @@ pytest.importorskip("jax")
 import qformat  # noqa: E402
 
 from .jax_processes import run_group  # noqa: E402
+from .run_once import run_once  # noqa: E402
 from .jax_multiprocess_minilm_worker import DEVICES, QUANTIZED, TOKENS, load_example, split_axis  # noqa: E402
 
 #: process groups: processes -> CPU devices per process
@@ -64,36 +65,50 @@ def folder(tmp_path_factory) -> str:
         pytest.skip("the MiniLM checkpoint is missing")
     from transformers import AutoTokenizer
 
-    out = str(tmp_path_factory.mktemp("mp-minilm"))
-    ex.quantize_demo_checkpoint(os.path.join(out, QUANTIZED))
-    tok = AutoTokenizer.from_pretrained(ex.model_dir())  # as the example's run(): offline, from the package
-    batch = tok(ex.SENTENCES, padding=True, truncation=True, max_length=256, return_tensors="np")
-    np.savez(os.path.join(out, TOKENS), **{k: np.asarray(batch[k], np.int32) for k in ("input_ids", "token_type_ids", "attention_mask")})
-    return out
+    def build(path) -> None:
+        out = str(path)
+        ex.quantize_demo_checkpoint(os.path.join(out, QUANTIZED))
+        tok = AutoTokenizer.from_pretrained(ex.model_dir())  # as the example's run(): offline, from the package
+        batch = tok(ex.SENTENCES, padding=True, truncation=True, max_length=256, return_tensors="np")
+        np.savez(os.path.join(out, TOKENS), **{k: np.asarray(batch[k], np.int32) for k in ("input_ids", "token_type_ids", "attention_mask")})
+
+    # once per run, whichever xdist worker asks first; the process groups write into this folder too
+    out, _ = run_once(tmp_path_factory, "jax-mp-minilm", build)
+    return str(out)
 
 
 @pytest.fixture(scope="module")
-def reference(folder) -> dict[str, np.ndarray]:
+def reference(folder, tmp_path_factory) -> dict[str, np.ndarray]:
     """One process, one device, whole arrays: float32 (decoded and packed) and float64."""
-    err = _run(folder, "ref", [["ref", folder, os.path.join(folder, "ref.npz")]], 1)
+    _, err = run_once(tmp_path_factory, "jax-mp-minilm-ref", lambda _: _run(folder, "ref", [["ref", folder, os.path.join(folder, "ref.npz")]], 1))
     assert err is None, err
     with np.load(os.path.join(folder, "ref.npz")) as z:
         return {k: z[k] for k in z.files}
 
 
-@pytest.fixture(scope="module")
-def groups(folder) -> dict[int, dict]:
-    """Each process group, run once for the module: its reports and gathered embeddings."""
-    out = {}
+def _run_groups(folder: str) -> dict[int, str | None]:
+    """Each process group to the end: None where all of its processes exited 0, else what failed."""
+    errors = {}
     for nproc, local in GROUPS.items():
         reps = [os.path.join(folder, f"report-{nproc}-{i}.json") for i in range(nproc)]
-        err = _run(folder, f"{nproc}x{local}", [[str(i), str(nproc), "{port}", folder, reps[i]] for i in range(nproc)], local)
+        errors[nproc] = _run(folder, f"{nproc}x{local}", [[str(i), str(nproc), "{port}", folder, reps[i]] for i in range(nproc)], local)
+    return errors
+
+
+@pytest.fixture(scope="module")
+def groups(folder, tmp_path_factory) -> dict[int, dict]:
+    """Each process group, run once for the whole run (tests/readers/run_once.py): its reports and
+    gathered embeddings."""
+    _, errors = run_once(tmp_path_factory, "jax-mp-minilm-groups", lambda _: _run_groups(folder))
+    out = {}
+    for nproc in GROUPS:
+        err = errors[str(nproc)]  # JSON's keys are strings
         if err is not None:
             out[nproc] = {"error": err}
             continue
         reports = []
-        for i, rep in enumerate(reps):
-            with open(rep) as fh:
+        for i in range(nproc):
+            with open(os.path.join(folder, f"report-{nproc}-{i}.json")) as fh:
                 r = json.load(fh)
             r["emb"] = {m: np.load(os.path.join(folder, f"emb-{nproc}-{i}-{m}.npy")) for m in MODES}
             reports.append(r)

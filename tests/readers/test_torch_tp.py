@@ -42,6 +42,8 @@ import qformat  # noqa: E402
 import qformat_torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from .run_once import run_once  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "torch_tp_worker.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -101,7 +103,11 @@ def write(folder: Path, model: LlamaForCausalLM, scheme: str, sharded: bool = Fa
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory) -> list[dict]:
-    base = tmp_path_factory.mktemp("tp")
+    """The checkpoints, written once per run, whichever xdist worker asks first (tests/readers/run_once.py)."""
+    return run_once(tmp_path_factory, "torch-tp-cases", _write_cases)[1]
+
+
+def _write_cases(base: Path) -> list[dict]:
     out = []
 
     def add(name: str, model, scheme: str, plan: str = "llama", sharded: bool = False, names: tuple = DECODER,
@@ -160,8 +166,8 @@ def runs(cases, tmp_path_factory) -> dict[int, list[dict]]:
     if not TORCHRUN.exists():
         pytest.skip(f"no torchrun next to {sys.executable}")
     cases_json = Path(cases[0]["path"]).parents[1] / "cases.json"
-    base = tmp_path_factory.mktemp("tp-out")
-    return {w: _run(cases_json, w, base / f"world{w}") for w in WORLDS}
+    _, out = run_once(tmp_path_factory, "torch-tp-runs", lambda base: {w: _run(cases_json, w, base / f"world{w}") for w in WORLDS})
+    return {int(w): res for w, res in out.items()}  # JSON's keys are strings
 
 
 def _loaded(runs, world):
