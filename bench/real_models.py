@@ -11,7 +11,10 @@ child's resident set after its imports):
 - ``convert_single``: ``qformat convert model.gguf out.safetensors``;
 - ``convert_folder``: ``qformat convert model.gguf out/`` (transformers' config and tokenizer
   included); ``x_single`` = its seconds over the single-file convert's (target <= 1.5), and
-  its peak above its baseline against the largest tensor's bytes;
+  its peak above its baseline against the largest tensor's bytes; the tokenizer is built and
+  proven in a forked child beside the weights' write, so every row also gives ``cpu_s`` (the
+  step's own CPU, all threads), ``children_cpu_s`` and ``children_peak_MB`` (the largest
+  child's resident set, its pages shared with the parent at the fork included);
 - ``load``: ``AutoModelForCausalLM.from_pretrained(out/)`` and the first forward, quiet and
   with a busy loop spinning on another core (``x_quiet``: target < 2): the layers' kernels are
   prepared at their first use, so a model is ready to run only after its first forward, and
@@ -71,7 +74,10 @@ else:
             out["ready_s"], out["ready_cpu_s"] = out["load_s"] + out["first_forward_s"], time.process_time() - c0
             t1 = time.perf_counter(); model(ids); out["second_forward_s"] = time.perf_counter() - t1
 dt = out.get("ready_s", time.perf_counter() - t0)
-out.update({"seconds": dt, "imports_s": imports, "peak_MB": vm("VmHWM"), "baseline_MB": base})
+import resource
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # a folder convert's tokenizer child (gguf_layout._TokenizerJob)
+out.update({"seconds": dt, "imports_s": imports, "peak_MB": vm("VmHWM"), "baseline_MB": base, "cpu_s": time.process_time() - c0,
+            "children_cpu_s": kids.ru_utime + kids.ru_stime, "children_peak_MB": kids.ru_maxrss / 1024})
 print(json.dumps(out), flush=True)
 """
 
