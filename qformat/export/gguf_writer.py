@@ -81,7 +81,7 @@ _U64 = struct.Struct("<Q")
 
 def _string(s: str) -> bytes:
     b = s.encode("utf-8")
-    return struct.pack("<Q", len(b)) + b
+    return _U64.pack(len(b)) + b
 
 
 def _number(x: Any) -> Any:

@@ -1799,6 +1799,32 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     return ret;
 }
 
+/* The body of py_insert (runs checked by the caller): ``table`` NULL, the codes as stored, with
+ * no lookup; inlined at each call, so the two calls compile to two loops and the one without a
+ * table vectorizes (a GGUF export's codes are the stored ones for every type but Q4_0's signed
+ * forms). */
+AI void insert_runs(uint8_t *b, const uint8_t *c, const int32_t *r, Py_ssize_t nb, Py_ssize_t nr, Py_ssize_t size, Py_ssize_t per,
+                   const uint8_t *table) {
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        uint8_t *blk = b + i * size;
+        const uint8_t *cd = c + i * per;
+        for (Py_ssize_t j = 0; j < nr; j++) {
+            const int32_t *q = r + 6 * j;
+            const int n = q[1], rs = q[3], ls = q[5];
+            const uint8_t mask = (uint8_t)q[4];
+            const uint8_t *restrict src = cd + q[0];
+            uint8_t *restrict dst = blk + q[2];
+            if (table != NULL) {
+                for (int k = 0; k < n; k++) dst[k] |= (uint8_t)((uint8_t)((table[src[k]] >> ls) & mask) << rs);
+            } else if (rs == 0 && ls == 0 && mask == 0xFF) {
+                for (int k = 0; k < n; k++) dst[k] |= src[k];
+            } else {
+                for (int k = 0; k < n; k++) dst[k] |= (uint8_t)((uint8_t)((src[k] >> ls) & mask) << rs);
+            }
+        }
+    }
+}
+
 /* insert(blocks, codes, runs, nblocks[, table]): the inverse of qformat.convert._fastpack.extract, what
  * qformat.export.gguf._insert does in NumPy: for every block i (blocks [nb, size], codes
  * [nb, per] uint8, C-contiguous) and run (c0, n, b0, rs, mask, ls) of runs (int32 [R, 6]),
@@ -1812,7 +1838,6 @@ static PyObject *py_insert(PyObject *self, PyObject *args) {
     PyObject *ret = NULL;
     const Py_ssize_t nr = rb.len / (6 * (Py_ssize_t)sizeof(int32_t));
     uint8_t table[256];
-    for (int i = 0; i < 256; i++) table[i] = (uint8_t)i;
     if (lb.buf != NULL && lb.len == 256) memcpy(table, lb.buf, 256);
     if (lb.buf != NULL && lb.len != 256) {
         PyErr_SetString(PyExc_ValueError, "insert: the code table is not 256 bytes");
@@ -1833,39 +1858,10 @@ static PyObject *py_insert(PyObject *self, PyObject *args) {
             uint8_t *b = (uint8_t *)bb.buf;
             const uint8_t *c = (const uint8_t *)cb.buf;
             Py_BEGIN_ALLOW_THREADS
-            if (lb.buf == NULL) {
-                /* no table: the same bytes without the lookup, a loop the compiler vectorizes (a
-                 * GGUF export's codes are the stored ones for every type but Q4_0's signed forms) */
-                for (Py_ssize_t i = 0; i < nb; i++) {
-                    uint8_t *blk = b + i * size;
-                    const uint8_t *cd = c + i * per;
-                    for (Py_ssize_t j = 0; j < nr; j++) {
-                        const int32_t *q = r + 6 * j;
-                        const int n = q[1], rs = q[3], ls = q[5];
-                        const uint8_t mask = (uint8_t)q[4];
-                        const uint8_t *restrict src = cd + q[0];
-                        uint8_t *restrict dst = blk + q[2];
-                        if (rs == 0 && ls == 0 && mask == 0xFF) {
-                            for (int k = 0; k < n; k++) dst[k] |= src[k];
-                        } else {
-                            for (int k = 0; k < n; k++) dst[k] |= (uint8_t)((uint8_t)((src[k] >> ls) & mask) << rs);
-                        }
-                    }
-                }
-            } else {
-                for (Py_ssize_t i = 0; i < nb; i++) {
-                    uint8_t *blk = b + i * size;
-                    const uint8_t *cd = c + i * per;
-                    for (Py_ssize_t j = 0; j < nr; j++) {
-                        const int32_t *q = r + 6 * j;
-                        const int n = q[1], rs = q[3], ls = q[5];
-                        const uint8_t mask = (uint8_t)q[4];
-                        const uint8_t *src = cd + q[0];
-                        uint8_t *dst = blk + q[2];
-                        for (int k = 0; k < n; k++) dst[k] |= (uint8_t)((uint8_t)((table[src[k]] >> ls) & mask) << rs);
-                    }
-                }
-            }
+            if (lb.buf == NULL)
+                insert_runs(b, c, r, nb, nr, size, per, NULL);
+            else
+                insert_runs(b, c, r, nb, nr, size, per, table);
             Py_END_ALLOW_THREADS
             ret = Py_None;
             Py_INCREF(ret);

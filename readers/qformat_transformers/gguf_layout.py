@@ -288,10 +288,15 @@ def _model_files(folder: str, name: str, config: Any, described: Any) -> dict[st
     """config.json, generation_config.json and the tokenizer files, by name, made here, one after
     the other (:class:`_TokenizerJob` makes the tokenizer files beside the weights' write)."""
     files: dict[str, bytes] = {"config.json": _config_json(config, described)}
-    with tempfile.TemporaryDirectory(prefix="qformat-hf-") as tmp:
-        files.update(_read(tmp, _tokenizer_files(folder, name, files["config.json"], described, tmp)))
+    files.update(_tokenizer_bytes(folder, name, files["config.json"], described))
     files.setdefault("generation_config.json", _generation_config_json(config))
     return files
+
+
+def _tokenizer_bytes(folder: str, name: str, config_json: bytes, described: Any) -> dict[str, bytes]:
+    """:func:`_tokenizer_files` made in a temporary folder, read back by name."""
+    with tempfile.TemporaryDirectory(prefix="qformat-hf-") as tmp:
+        return _read(tmp, _tokenizer_files(folder, name, config_json, described, tmp))
 
 
 def _can_fork() -> bool:
@@ -724,8 +729,7 @@ def convert_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], overw
             else:
                 def inline() -> dict[str, bytes]:
                     with parsed_once(path, gguf_hparams.read_kv(described), tensor_names, version):
-                        with tempfile.TemporaryDirectory(prefix="qformat-hf-") as tmp:
-                            return _read(tmp, _tokenizer_files(folder, name, job.config_json, described, tmp))
+                        return _tokenizer_bytes(folder, name, job.config_json, described)
 
                 files = _ModelFiles({"config.json": job.config_json, "generation_config.json": _generation_config_json(config)},
                                     job, inline)
