@@ -549,6 +549,36 @@ for bad in ((x[:33], w32, np.empty(18, np.uint8)), (x[:32], w32, np.empty(17, np
         raise AssertionError("accepted")
     except ValueError:
         pass
+# the block readers and writers of a GGUF export and of scheme gguf (extract_packed, insert,
+# unpack), run through qformat with this module as its _ggml and compared with the NumPy paths
+import qformat
+from qformat import kernels, packing
+from qformat.export.gguf import BY_NAME, _insert, _insert_numpy
+kernels._ggml = gg
+def comps(t):
+    q = qformat.quantize(xr[:6], "gguf", type=t)
+    return {k: np.asarray(v).tobytes() for k, v in q.components.items()}
+for t in TYPES:
+    with kernels.use("numpy"):
+        want = comps(t)
+    assert comps(t) == want, ("extract_packed", t)
+    runs += 1
+for t in ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"):
+    f = BY_NAME[t].codes
+    codes = rng.integers(0, 1 << f.bits, (33, f.parts[0][0].size), dtype=np.uint8)
+    lut = rng.permutation(256).astype(np.uint8) & np.uint8((1 << f.bits) - 1)
+    for table in (None, lut):
+        a, b = np.zeros((33, BY_NAME[t].size), np.uint8), np.zeros((33, BY_NAME[t].size), np.uint8)
+        _insert(a, f, codes, table)
+        _insert_numpy(b, f, codes if table is None else table[codes])
+        assert (a == b).all(), ("insert", t, table is None)
+        runs += 1
+for bits in range(1, 9):
+    for length in (1, 31, 33, 577):
+        p = packing.Packing(8, "lsb_first", 1)
+        words = rng.integers(0, 256, (3, p.words_per_row(length, bits) + 2), dtype=np.uint8)
+        assert (packing.unpack_rows(words, bits, p, length) == packing.unpack_rows_numpy(words, bits, p, length)).all(), ("unpack", bits)
+        runs += 1
 print("runs", runs)
 """
 
@@ -561,7 +591,9 @@ def test_sanitized_ggml_quantizers(tmp_path):
     blocks, one sign, heavy tails, integers), each equal to the NumPy reference byte for byte
     with the input's largest magnitude returned, the importance-weighted quantizers the same way under three
     importance vectors (gamma, all zero, 90% zero with 1e4 spikes), and sizes that are not whole
-    blocks or rows refused."""
+    blocks or rows refused; then, as qformat's _ggml, the block readers and writers (scheme gguf's
+    extract_packed for every type, a GGUF export's insert with and without a code table, and the
+    stream unpack of every width), each equal to its NumPy path."""
     so, env = _sanitized_build("_ggml", tmp_path)
     r = subprocess.run([sys.executable, "-c", _SANITIZED_GGML, str(so)], env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0 and "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-4000:]
