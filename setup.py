@@ -47,7 +47,7 @@ else:
 # _native: the fused decode; _matmul: QLinear's packed-weight matmul (qformat.kernels.matmul); _ggml: the GGUF
 # block quantizers (qformat.schemes.gguf); _encode: the int group encoders (qformat.schemes.int_).
 SOURCES = {"_native": ["qformat/kernels/_native.c", "libqformat/src/kernel.c"]}
-DEPENDS = {"_native": ["libqformat/src/kernel.h"]}
+DEPENDS = {"_native": ["libqformat/src/kernel.h"], "_matmul": ["qformat/kernels/_matmul_tiles.h"]}
 setup(cmdclass={"build_ext": AtomicBuildExt}, ext_modules=[Extension(f"qformat.kernels.{name}", SOURCES.get(name, [f"qformat/kernels/{name}.c"]), extra_compile_args=args,
                              include_dirs=["libqformat/src"] if name in SOURCES else [], depends=DEPENDS.get(name, []), optional=True)
                    for name in ("_native", "_matmul", "_ggml", "_encode")])

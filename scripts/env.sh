@@ -50,6 +50,10 @@ STALE=""
 for NAME in _native _matmul _ggml _encode; do
   SO="$(ls "$ROOT"/qformat/kernels/$NAME.*.so 2>/dev/null | head -n1 || true)"
   if [ -z "$SO" ] || [ "$ROOT/qformat/kernels/$NAME.c" -nt "$SO" ] || [ "$ROOT/setup.py" -nt "$SO" ]; then STALE=1; fi
+  # and the headers a kernel includes (qformat/kernels/_matmul_tiles.h)
+  for H in "$ROOT"/qformat/kernels/"$NAME"_*.h; do
+    if [ -n "$SO" ] && [ -f "$H" ] && [ "$H" -nt "$SO" ]; then STALE=1; fi
+  done
   # _native compiles libqformat's fused kernel too (one decoder source for both)
   if [ "$NAME" = _native ] && [ -n "$SO" ] && { [ "$ROOT/libqformat/src/kernel.c" -nt "$SO" ] || [ "$ROOT/libqformat/src/kernel.h" -nt "$SO" ]; }; then STALE=1; fi
 done

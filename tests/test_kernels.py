@@ -233,7 +233,17 @@ def test_streamed_float32_output_has_the_reference_bits(level, scheme):
 def test_info_says_which_path_runs():
     i = kernels.info()
     assert set(i) == {"path", "level", "cpu_level", "built", "reason", "matmul"}
-    assert set(i["matmul"]) == {"level", "bf16", "amx", "threads"}
+    assert set(i["matmul"]) == {"level", "bf16", "bf16_table", "amx", "threads"}
+    # the bfloat16-table path follows its switch (tests and benchmarks turn it off)
+    if i["matmul"]["bf16"]:
+        from qformat.kernels import _matmul as mm
+
+        assert i["matmul"]["bf16_table"] is True
+        mm.bf1(0)
+        try:
+            assert kernels.info()["matmul"]["bf16_table"] is False
+        finally:
+            mm.bf1(1)
     with kernels.use("numpy"):
         assert kernels.info()["path"] == "numpy" and kernels.info()["level"] is None
     assert kernels.info() == i
@@ -493,6 +503,26 @@ for kind in kinds:
                         assert ok.all(), (kind, m, k, g, lv, n0, n1, bf, threads)
                         assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all()  # nothing outside the range
                         runs += 1
+# the bfloat16-table path (row1_bfs, few_bfs: scale-only 4-bit codes, bfloat16 x, 1 to 8 rows;
+# K with and without a last 64 columns) on every group size it takes, where the CPU has it
+if mm.bf1():
+    for m in (1, 2, 5, 8):
+        for k, g, n in ((64, 16, 7), (192, 32, 37), (256, 64, 150), (384, 128, 7), (256, 256, 40)):
+            w = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+            s = rng.standard_normal((n, k // g)).astype(np.float32)
+            x = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16).astype(np.float32)
+            codes = np.stack([w & 15, w >> 4], -1).reshape(n, k)
+            wf = tables[0][codes].astype(np.float32) * np.repeat(s, g, 1)
+            ref = x.astype(np.float64) @ wf.astype(np.float64).T
+            absx = np.abs(x).astype(np.float64) @ np.abs(wf.astype(np.float64)).T
+            for threads in (1, 2):
+                for n0, n1 in ((0, n), (1, n - 1)):
+                    y = np.full((m, n), np.nan, np.float32)
+                    mm.matmul(x, m, k, w, n, 0, tables[0], g, None, s, None, y, n0, n1, 2, 1, threads)
+                    ok = np.abs(y[:, n0:n1] - ref[:, n0:n1]) <= (2.0**-8 + 1e-5) * absx[:, n0:n1] + 1e-30
+                    assert ok.all(), ("bf1", m, k, g, threads, n0, n1)
+                    assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all()
+                    runs += 1
 print("runs", runs)
 """
 
@@ -605,7 +635,8 @@ def test_sanitized_matmul_kernel(tmp_path):
     """qformat/kernels/_matmul.c built with -fsanitize=address,undefined: every code kind, 1 to 17
     rows of x, groups of 8 to 128, 7 to 150 columns, partial column ranges, one and several
     threads (the native pool: the sanitized module is loaded without torch, so no OpenMP), the
-    bfloat16 products (AVX512_BF16 / AMX) where this CPU has them, on every level this CPU has,
+    bfloat16 products (AVX512_BF16 / AMX) where this CPU has them, and the bfloat16-table path of
+    scale-only 4-bit codes (1 to 8 rows, every group size it takes), on every level this CPU has,
     against a float64 reference, with no invalid access or undefined behaviour; columns outside
     the range asked for are never written."""
     so, env = _sanitized_build("_matmul", tmp_path)

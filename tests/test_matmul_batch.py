@@ -19,7 +19,9 @@ with a partial last one: within the float64 product of x and those weights by
   (qformat_torch.kernels.error_bound states the same terms).
 
 Every case also runs with the few-rows path switched off (``_matmul.few(0)``: the rows_* paths),
-held to the same bound, and columns outside the range asked for stay unwritten.
+held to the same bound, and columns outside the range asked for stay unwritten.  The bit-for-bit
+test switches off the bfloat16-table path of scale-only 4-bit codes (``_matmul.bf1(0)``), which
+multiplies ``bf16(t) s`` rather than ``bf16(fl(t s))`` (tests/test_matmul_row1_bf16.py).
 """
 
 from __future__ import annotations
@@ -117,7 +119,9 @@ def test_few_rows_multiply_the_formed_weights_bit_for_bit(kind, g, params, bft, 
     w, table, ps, wf = _case(kind, n, k, g, params, seed=len(kind) + g, bf16_values=bft)
     eye = np.eye(k, dtype=np.float32)
     paths = [(False, wf)] + ([(True, wf.astype(ml_dtypes.bfloat16).astype(np.float32))] if BF16 else [])
-    with _switch(mm.planes, planes), _switch(mm.few, True):
+    # (the bfloat16-table path of scale-only 4-bit codes, mm.bf1, multiplies other weights: its own
+    # test is tests/test_matmul_row1_bf16.py)
+    with _switch(mm.planes, planes), _switch(mm.few, True), _switch(mm.bf1, False):
         for bf, want in paths:
             assert not (bf and np.any((want != 0) & (np.abs(want) < 2.0**-126)))
             for m in (2, 3, 4):

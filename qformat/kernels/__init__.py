@@ -92,7 +92,9 @@ def info() -> dict[str, Any]:
     build have, None without the extension), ``built`` (whether the extension imported) and
     ``reason`` (why the NumPy path, or why a forced level); and ``matmul``: the packed-weight
     matmul's level name (None without its extension or with native kernels off), ``bf16``
-    (AVX512_BF16 dot products for several bfloat16 rows), ``amx`` (AMX tiles for them) and
+    (AVX512_BF16 dot products for several bfloat16 rows), ``bf16_table`` (1 to 8 bfloat16 rows
+    of scale-only 4-bit codes multiplied with the table in bfloat16 and each group's sum scaled
+    once: int4 symmetric, nf4, mxfp4, nvfp4), ``amx`` (AMX tiles for several rows) and
     ``threads`` ("openmp": the process's OpenMP threads, torch's where torch is loaded; "pool":
     the extension's own)."""
     mm = matmul_available()
@@ -103,6 +105,7 @@ def info() -> dict[str, Any]:
         "built": _native is not None,
         "reason": _reason,
         "matmul": {"level": LEVELS[matmul_level()] if mm else None, "bf16": mm and matmul_bf16(),
+                   "bf16_table": mm and matmul_bf16() and bool(_matmul.bf1()),
                    "amx": mm and matmul_bf16() and matmul_amx(), "threads": _matmul.threading() if mm else None},
     }
 
@@ -170,7 +173,9 @@ except ImportError:  # pragma: no cover - exercised by the fresh-install check w
     _matmul = None
 
 #: Code kinds of the matmul kernel, as numbered in ``_matmul.c``.
-MATMUL_KINDS = {"nib4": 0, "i8": 1, "u8": 2, "e4m3": 3, "e5m2": 4, "lut8": 5}
+#: ``lut6``: a 256-entry table whose codes are below 64 (6-bit codes one per byte, e.g. GGUF's Q6_K):
+#: ``lut8`` everywhere but the one-row bfloat16-table path, which looks codes up from 64 entries.
+MATMUL_KINDS = {"nib4": 0, "i8": 1, "u8": 2, "e4m3": 3, "e5m2": 4, "lut8": 5, "lut6": 6}
 #: Largest group (columns per parameter value) the matmul kernel takes (``MAXG`` in ``_matmul.c``).
 MATMUL_MAX_GROUP = 4096
 
@@ -220,7 +225,9 @@ def matmul(x: Any, codes: Any, kind: str, table: Any, group: int, zero: Any, sca
     ``bf16=True`` says that ``x`` holds bfloat16 values and that every nonzero weight is within
     bfloat16's normal range: several rows of x may then be multiplied with bfloat16 dot products
     (AVX512_BF16, where the CPU has it): each weight rounded to bfloat16 (nearest even), exact
-    products, binary32 sums, subnormal partial sums flushed to zero (see ``_matmul.c``)."""
+    products, binary32 sums, subnormal partial sums flushed to zero (see ``_matmul.c``); and 1 to
+    8 rows with 4-bit codes whose only parameter is a scale take the table rounded to bfloat16
+    and each group's sum scaled once (the kernel's weight ``bf16(t) s``: the same one rounding)."""
     if _matmul is None:
         raise RuntimeError("the native matmul extension is not built")
     m, k = x.shape

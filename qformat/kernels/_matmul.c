@@ -46,11 +46,14 @@
 #define QF_X86 0
 #endif
 
-enum { K_NIB4 = 0, K_I8 = 1, K_U8 = 2, K_E4M3 = 3, K_E5M2 = 4, K_LUT8 = 5 };
+/* K_LUT6: a 256-entry table whose codes the caller promises are below 64 (6-bit codes, one per
+ * byte); every path but row1_bfs6 takes it as K_LUT8 (py_matmul maps it) */
+enum { K_NIB4 = 0, K_I8 = 1, K_U8 = 2, K_E4M3 = 3, K_E5M2 = 4, K_LUT8 = 5, K_LUT6 = 6 };
 enum { LVL_GENERIC = 0, LVL_AVX2 = 1, LVL_AVX512 = 2 };
 static int g_amx_off = 0; /* the AMX path switched off (py_amx), with the GIL held */
 static int g_planes_off = 0; /* the VBMI byte-plane path switched off (py_planes), with the GIL held */
 static int g_few_off = 0; /* the few-rows path (2 to FEWMAX rows of x) switched off (py_few), with the GIL held */
+static int g_bf1_off = 0; /* the one-row bfloat16 path (row1_bfs) switched off (py_bf1), with the GIL held */
 #define MAXG 4096 /* largest group the scalar path's per-group weight buffer holds */
 /* most rows of x the few-rows path takes: at 8 rows (2 weight rows in lockstep) it measured no faster
  * than rows_bf16 for int4 g32 and slower for Q4_K (issue 45 notes), at 2 and 4 rows 1.3-1.7x faster */
@@ -999,106 +1002,320 @@ TGTVB static void few_f32vb(const mm_job *j, const float *x) { FEW_ROWS(few_f32v
 TGTBF static void few_bf(const mm_job *j, const uint16_t *x) { FEW_KINDS(few_bf_body); }
 TGTVBBF static void few_bfvb(const mm_job *j, const uint16_t *x) { FEW_ROWS(few_bfvb_body, K_LUT8); }
 
-/* ---- many rows of bfloat16 x (more than BLK_MIN_XBYTES of x): rows_bf16 in chunks of BLK_KC columns ----
- * rows_bf16 forms 4 whole weight rows and then streams all of x (M K bfloat16 values: 14.7 MB at
- * 512 rows of a 14336-column layer) past them, from L3 or memory, once per 4 weight rows: at 512
- * rows that measured 2.6x torch's bfloat16 matmul on 4096 x 14336 against 1.25x on 14336 x 4096
- * (issue 45).  Here the columns go in chunks of BLK_KC: 4 weight rows' chunk formed (FEW_FORM512's
- * steps, rounded to bfloat16 as rows_bf16 rounds them) into a 4 KB tile, multiplied by every row
- * of x's chunk (M BLK_KC values, 512 KB at 512 rows: in L2 for the whole share), each chunk's sums
- * added to y's.  No whole decoded copy: one 4 x BLK_KC tile per thread. */
-#define BLK_KC 512
-/* x's bytes above which the chunked path runs (past the few-rows path): a smaller x stays in L2
- * for rows_bf16, which measured faster there (8 rows of a 14336-column layer, 229 KB: 1.25x
- * torch bf16 chunked, 1.58x on rows_bf16; one thread, thread CPU time) */
-#ifndef BLK_MIN_XBYTES
-#define BLK_MIN_XBYTES ((size_t)1 << 20)
-#endif
+/* ---- one row of bfloat16 x, 4-bit codes with a scale only (issue 45): the 16 element values as
+ * bfloat16 and each group's dot product scaled once ----
+ * At one row of x every weight is used once, so forming it is the cost: row1_avx512 spends about 8
+ * vector operations per 32 weights (a lookup per 16 binary32 weights, an FMA per 16), twice what
+ * streaming the bytes allows.  Where x holds bfloat16 values (the caller's bf16x, checked here for
+ * subnormals) and the code's parameters are a scale alone (z and b absent: int4 symmetric, nf4,
+ * mxfp4, nvfp4), sum_k W[n,k] x[k] = sum_q s[n,q] sum_{k in q} t[c_k] x[k]: the 16 table values are
+ * rounded to bfloat16 once per call (round to nearest even, as every bf16 path rounds a weight),
+ * 64 codes become 64 bfloat16 values by two vpermw lookups (16-bit lanes; the table is repeated in
+ * entries 16-31 so that the low nibble needs no mask), vdpbf16ps sums their exact products with x
+ * in binary32, and the group's scale multiplies that sum (one FMA per 64 columns, or per group
+ * where g is a multiple of 64).  About 9 operations per 64 weights.
+ * Error: the kernel's weight is bf16(t) s exactly, within 2^-9 + 2^-24 of qformat's binary32 weight
+ * fl(t s) relative: the one rounding to bfloat16 that error_bound allows a bf16 kernel (u |x||W|);
+ * the binary32 sums are a group's sum, one multiplication and the sum over groups: at most
+ * g + G + 2 <= K + 2 roundings deep (the gamma_k term); vdpbf16ps flushes a subnormal partial sum
+ * (the absolute term) and would take a subnormal input as zero: x is checked, and every nonzero
+ * table value must be a normal bfloat16 (checked per call, else the binary32 path runs). */
 
-/* y[m0 + i, n + c] (+)= the chunk's products, i < NM rows of x, c < nr of the tile's 4 rows. */
-TGTBF static inline __attribute__((always_inline)) void mul4c_bf16(const mm_job *j, const uint16_t *x, const uint16_t *w, Py_ssize_t m0,
-                                                                   Py_ssize_t n, const int NM, Py_ssize_t k0, Py_ssize_t k1, int nr) {
-    const Py_ssize_t K = j->K, N = j->N;
-    __m512 a[4][4];
+/* x (K % 64 == 0) in row1_bfs's order: per 128 columns k.., the 32 columns k + 4i, then k + 4i + 1,
+ * k + 4i + 2, k + 4i + 3 (i < 32); a last 64 columns k.. as the 32 columns k + 2i, then k + 2i + 1. */
+static void permute_bf1(const float *x, Py_ssize_t K, float *xo) {
+    const Py_ssize_t K128 = K / 128 * 128;
     Py_ssize_t k;
-    int i, c;
-    for (i = 0; i < NM; i++)
-        for (c = 0; c < 4; c++) a[i][c] = _mm512_setzero_ps();
-    for (k = k0; k < k1; k += 32) {
-        const uint16_t *wk = w + (k - k0);
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wk), w1 = (__m512bh)_mm512_loadu_si512(wk + BLK_KC);
-        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(wk + 2 * BLK_KC), w3 = (__m512bh)_mm512_loadu_si512(wk + 3 * BLK_KC);
-        for (i = 0; i < NM; i++) {
-            const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (m0 + i) * K + k);
-            a[i][0] = _mm512_dpbf16_ps(a[i][0], xv, w0);
-            a[i][1] = _mm512_dpbf16_ps(a[i][1], xv, w1);
-            a[i][2] = _mm512_dpbf16_ps(a[i][2], xv, w2);
-            a[i][3] = _mm512_dpbf16_ps(a[i][3], xv, w3);
-        }
-    }
-    for (i = 0; i < NM; i++) /* (four sums at once by unpacks measured 8-25% slower here) */
-        for (c = 0; c < nr; c++) {
-            float *d = j->y + (m0 + i) * N + n + c;
-            const float v = _mm512_reduce_add_ps(a[i][c]);
-            *d = k0 ? *d + v : v;
-        }
+    int r, i;
+    for (k = 0; k < K128; k += 128)
+        for (r = 0; r < 4; r++)
+            for (i = 0; i < 32; i++) xo[k + 32 * r + i] = x[k + 4 * i + r];
+    if (K128 < K)
+        for (i = 0; i < 32; i++) xo[K128 + i] = x[K128 + 2 * i], xo[K128 + 32 + i] = x[K128 + 2 * i + 1];
 }
 
-/* the tile: row s's chunk at wb + s BLK_KC, 32 columns per pair */
-#define BLK_PAIR_STORE(k, lo, hi)                                                                                       \
-    do {                                                                                                                \
-        int s_;                                                                                                         \
-        FEW_UNROLL for (s_ = 0; s_ < RW; s_++)                                                                          \
-            _mm512_storeu_si512((void *)(wb + s_ * BLK_KC + (k) - k0), (__m512i)_mm512_cvtne2ps_pbh(hi[s_], lo[s_]));   \
+/* The 16 table values as bfloat16 bits, twice (32 entries), where every one is zero or a finite
+ * normal binary32 value that rounds to a finite normal bfloat16 (else 0: vcvtneps2bf16 and
+ * vdpbf16ps would take a subnormal as zero). */
+TGTBF static int table_bf16x2(const float *table, uint16_t *tb) {
+    int i;
+    for (i = 0; i < 16; i++) {
+        uint32_t u;
+        memcpy(&u, table + i, 4);
+        if ((u & 0x7FFFFFFF) && ((u & 0x7F800000) == 0 || (u & 0x7F800000) == 0x7F800000)) return 0;
+    }
+    const __m256i b = bf16_of(_mm512_loadu_ps(table));
+    _mm256_storeu_si256((__m256i *)tb, b);
+    _mm256_storeu_si256((__m256i *)(tb + 16), b);
+    for (i = 0; i < 16; i++) {
+        const unsigned e = (tb[i] >> 7) & 0xFF;
+        if ((e == 0 && (tb[i] & 0x7F)) || e == 0xFF) return 0;
+    }
+    return 1;
+}
+
+/* One row of x: y[n] for n in [n0, n1).  128 columns take one 64-byte load read as 32 16-bit lanes:
+ * vpermw looks up bits 0-4 of each lane (the table is repeated in entries 16-31, so bit 4 does
+ * not matter), and the lane shifted right by 4, 8 and 12 gives the other three codes: lane i's
+ * four codes are columns k + 4i .. k + 4i + 3, no widening step.  The sum's binary32 lane L then
+ * holds columns k + 8L .. k + 8L + 7. */
+TGTBF static void row1_bfs(const mm_job *j, const uint16_t *xb, const uint16_t *tb) {
+    const Py_ssize_t K = j->K, G = K / j->g, g = j->g, K128 = K / 128 * 128, ahead = pf_rows(K / 2);
+    const __m512i tab = _mm512_loadu_si512((const void *)tb);
+    const __m512i c2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i c4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i c8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    Py_ssize_t n, k, q;
+    for (n = j->n0; n < j->n1; n++) {
+        const uint8_t *wr = j->w + n * (K / 2);
+        const float *sr = j->s ? j->s + n * G : NULL;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, d, sv;
+        prefetch_row(j, n + ahead, K / 2);
+#define DOT128(d, k)                                                                                          \
+    do {                                                                                                      \
+        const __m512i c_ = _mm512_loadu_si512((const void *)(wr + (k) / 2));                                  \
+        const uint16_t *x_ = xb + (k);                                                                        \
+        d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutexvar_epi16(c_, tab), (__m512bh)_mm512_loadu_si512((const void *)x_)); \
+        d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 4), tab), (__m512bh)_mm512_loadu_si512((const void *)(x_ + 32))); \
+        d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 8), tab), (__m512bh)_mm512_loadu_si512((const void *)(x_ + 64))); \
+        d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 12), tab), (__m512bh)_mm512_loadu_si512((const void *)(x_ + 96))); \
+    } while (0)
+#define ROT(t)                                           \
+    do { /* t reads a0: taken before the rotation */     \
+        const __m512 t_ = (t);                           \
+        a0 = a1, a1 = a2, a2 = a3, a3 = t_;              \
+    } while (0)
+        if (g % 128 == 0) {
+            for (q = 0; q < G; q++) {
+                d = _mm512_setzero_ps();
+                for (k = q * g; k < (q + 1) * g; k += 128) DOT128(d, k);
+                ROT(sr ? _mm512_fmadd_ps(d, _mm512_set1_ps(sr[q]), a0) : _mm512_add_ps(d, a0));
+            }
+        } else {
+            for (k = 0; k < K128; k += 128) {
+                d = _mm512_setzero_ps();
+                DOT128(d, k);
+                if (!sr)
+                    sv = _mm512_set1_ps(1.0f);
+                else if (g == 16)
+                    sv = _mm512_permutexvar_ps(c2, _mm512_castps256_ps512(_mm256_loadu_ps(sr + k / 16)));
+                else if (g == 32)
+                    sv = _mm512_permutexvar_ps(c4, _mm512_castps128_ps512(_mm_loadu_ps(sr + k / 32)));
+                else
+                    sv = _mm512_permutexvar_ps(c8, _mm512_castpd_ps(_mm512_castpd128_pd512(_mm_load_sd((const double *)(sr + k / 64)))));
+                ROT(_mm512_fmadd_ps(d, sv, a0));
+            }
+            if (K128 < K) { /* the last 64 columns: lane i of lo / hi is column k + 2i / k + 2i + 1, sum lane L columns k + 4L .. */
+                const __m512i c_ = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(wr + K128 / 2)));
+                d = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_permutexvar_epi16(c_, tab), (__m512bh)_mm512_loadu_si512((const void *)(xb + K128)));
+                d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 4), tab), (__m512bh)_mm512_loadu_si512((const void *)(xb + K128 + 32)));
+                if (!sr)
+                    sv = _mm512_set1_ps(1.0f);
+                else if (g == 16)
+                    sv = _mm512_permutexvar_ps(c4, _mm512_castps128_ps512(_mm_loadu_ps(sr + K128 / 16)));
+                else if (g == 32)
+                    sv = _mm512_permutexvar_ps(c8, _mm512_castpd_ps(_mm512_castpd128_pd512(_mm_load_sd((const double *)(sr + K128 / 32)))));
+                else
+                    sv = _mm512_set1_ps(sr[K128 / 64]);
+                ROT(_mm512_fmadd_ps(d, sv, a0));
+            }
+        }
+#undef DOT128
+#undef ROT
+        j->y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    }
+}
+
+/* ---- 2 to BFS_MAX rows of bfloat16 x, the same weights (issue 45): each 128 columns of a weight
+ * row looked up once and multiplied into every row of x ----
+ * few_bf forms 32 binary32 weights per row (a folded table per group, two lookups, a widening and
+ * a rounding to bfloat16: 5 operations) before one vdpbf16ps per row of x; here 128 weights take
+ * 8 (row1_bfs's load, shifts and lookups) and each row of x adds one FMA per 128 columns for the
+ * scale: the operations per weight fall from 5 / 32 + M / 32 to about 10 / 128 + 5 M / 128, and
+ * at 8 rows, where few_bf was slower than rows_bf16, the dot products set the pace.  x in chunks
+ * of kc columns (all rows in BFS_XBYTES, in L1), the partial sums of FEW_R weight rows kept between
+ * chunks, RW weight rows in lockstep; the same weights and the same error terms as row1_bfs. */
+#define BFS_MAX 8
+#define BFS_XBYTES 16384
+/* x's row stride in few_bfs (bfloat16 values): K plus 64, so that the rows of a chunk do not fall on
+ * the same L1 sets (K a multiple of 2048 puts 8 rows 4 KB apart in address bits 6-11) */
+#define BFS_XS(K) ((K) + 64)
+
+TGTBF static inline __attribute__((always_inline)) __m512 bfs_scale(const float *sr, Py_ssize_t k, Py_ssize_t g, __m512i c2, __m512i c4, __m512i c8) {
+    if (!sr) return _mm512_set1_ps(1.0f);
+    if (g == 16) return _mm512_permutexvar_ps(c2, _mm512_castps256_ps512(_mm256_loadu_ps(sr + k / 16)));
+    if (g == 32) return _mm512_permutexvar_ps(c4, _mm512_castps128_ps512(_mm_loadu_ps(sr + k / 32)));
+    if (g == 64) return _mm512_permutexvar_ps(c8, _mm512_castpd_ps(_mm512_castpd128_pd512(_mm_load_sd((const double *)(sr + k / 64)))));
+    return _mm512_set1_ps(sr[k / g]);
+}
+
+/* RW weight rows' 128 columns from k times NM rows of x from m0 (x rows' stride XS), into a[s][m0 + m]. */
+#define BFS_STEP(NM, m0)                                                                                                  \
+    do {                                                                                                                  \
+        __m512 d_[2][4];                                                                                                  \
+        int i_, m_, s_;                                                                                                   \
+        FEW_UNROLL for (s_ = 0; s_ < RW; s_++)                                                                            \
+            FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) d_[s_][m_] = _mm512_setzero_ps();                                    \
+        /* the four lookups' dot products taken in turn over every (weight row, row of x): RW NM            \
+         * independent sums in flight rather than one chain of four at a time */                                          \
+        FEW_UNROLL for (i_ = 0; i_ < 4; i_++)                                                                             \
+            FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) {                                                                    \
+                const __m512bh xv_ = (__m512bh)_mm512_loadu_si512((const void *)(xb + ((m0) + m_) * XS + k + 32 * i_)); \
+                FEW_UNROLL for (s_ = 0; s_ < RW; s_++) d_[s_][m_] = _mm512_dpbf16_ps(d_[s_][m_], (__m512bh)l[s_][i_], xv_); \
+            }                                                                                                             \
+        FEW_UNROLL for (s_ = 0; s_ < RW; s_++)                                                                            \
+            FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) a[s_][(m0) + m_] = _mm512_fmadd_ps(d_[s_][m_], sv[s_], a[s_][(m0) + m_]); \
     } while (0)
 
-#define BLK_KERNEL(NAME, TARGET, FORM, SETUP)                                                                           \
-    TARGET static inline __attribute__((always_inline)) void NAME##_body(const mm_job *j, const uint16_t *x, const int kind) { \
-        const Py_ssize_t K = j->K, G = K / j->g, g = j->g, M = j->M;                                                    \
-        const int hz = j->z != NULL, hs = j->s != NULL, hb = j->b != NULL, RW = 4;                                      \
-        const Py_ssize_t rowbytes = kind == K_NIB4 ? K / 2 : K;                                                         \
-        uint16_t wb[4 * BLK_KC] __attribute__((aligned(64)));                                                           \
-        Py_ssize_t k0, k1, nb, m, o;                                                                                    \
-        int s;                                                                                                          \
-        SETUP;                                                                                                          \
-        for (k0 = 0; k0 < K; k0 += BLK_KC) {                                                                            \
-            k1 = k0 + BLK_KC < K ? k0 + BLK_KC : K;                                                                     \
-            for (nb = j->n0; nb < j->n1; nb += 4) {                                                                     \
-                const int nr = j->n1 - nb < 4 ? (int)(j->n1 - nb) : 4;                                                  \
-                const uint8_t *wr[4];                                                                                   \
-                const float *zr[4], *sr[4], *br[4];                                                                     \
-                FEW_UNROLL for (s = 0; s < 4; s++) {                                                                    \
-                    const Py_ssize_t n = nb + (s < nr ? s : nr - 1);                                                    \
-                    wr[s] = j->w + n * rowbytes;                                                                        \
-                    zr[s] = hz ? j->z + n * G : NULL, sr[s] = hs ? j->s + n * G : NULL, br[s] = hb ? j->b + n * G : NULL; \
-                    if (n + 4 < j->n1) /* the next tile's codes, into L2 */                                            \
-                        for (o = k0 * rowbytes / K; o < k1 * rowbytes / K; o += 64)                                     \
-                            __builtin_prefetch(j->w + (n + 4) * rowbytes + o, 0, QF_PF_LOCALITY);                       \
-                }                                                                                                       \
-                FORM(BLK_PAIR_STORE);                                                                                   \
-                for (m = 0; m + 3 < M; m += 4) mul4c_bf16(j, x, wb, m, nb, 4, k0, k1, nr);                              \
-                switch (M - m) {                                                                                        \
-                case 3: mul4c_bf16(j, x, wb, m, nb, 3, k0, k1, nr); break;                                              \
-                case 2: mul4c_bf16(j, x, wb, m, nb, 2, k0, k1, nr); break;                                              \
-                case 1: mul4c_bf16(j, x, wb, m, nb, 1, k0, k1, nr); break;                                              \
-                default: break;                                                                                         \
-                }                                                                                                       \
-            }                                                                                                           \
-        }                                                                                                               \
-    }
-BLK_KERNEL(blk_bf, TGTBF, FEW_FORM512, FEW_SETUP512)
-BLK_KERNEL(blk_bfvb, TGTVBBF, FEW_FORMVB, FEW_SETUPVB)
-TGTBF static void blk_bf(const mm_job *j, const uint16_t *x) {
-    switch (j->kind) {
-    case K_NIB4: blk_bf_body(j, x, K_NIB4); break;
-    case K_I8: blk_bf_body(j, x, K_I8); break;
-    case K_U8: blk_bf_body(j, x, K_U8); break;
-    case K_E4M3: blk_bf_body(j, x, K_E4M3); break;
-    case K_E5M2: blk_bf_body(j, x, K_E5M2); break;
-    default: blk_bf_body(j, x, K_LUT8); break;
+/* NM rows of x (at most BFS_MAX) as NP passes of 4 and a last of NL (1 to 4), each pass RW = 2 weight
+ * rows in lockstep (RW x 4 sums and RW x 4 dot products in registers; a pass of all 8 rows would
+ * not fit, and one weight row at a time measured 1.4-2x slower: each x load then serves one dot
+ * product).  The passes run on the same 128 columns of codes, from L1. */
+TGTBF static inline __attribute__((always_inline)) void few_bfs_body(const mm_job *j, const uint16_t *xb, const uint16_t *tb, const int NM,
+                                                                     const int NL) {
+    const Py_ssize_t K = j->K, G = K / j->g, g = j->g, N = j->N, XS = BFS_XS(K);
+    const int RW = 2, NP = (NM - NL) / 4;
+    const __m512i tab = _mm512_loadu_si512((const void *)tb);
+    const __m512i c2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i c4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i c8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    Py_ssize_t kc = BFS_XBYTES / (NM * 2) / 128 * 128, nb, k0, k1, k, r, o;
+    __m512 acc[FEW_R][BFS_MAX];
+    int m, s, p;
+    if (kc < 128) kc = 128;
+    if (kc > K) kc = K;
+    for (nb = j->n0; nb < j->n1; nb += FEW_R) {
+        const Py_ssize_t nr = j->n1 - nb < FEW_R ? j->n1 - nb : FEW_R;
+        for (k0 = 0; k0 < K; k0 += kc) {
+            k1 = k0 + kc < K ? k0 + kc : K;
+            for (r = 0; r < nr; r += RW) {
+                __m512 a[2][BFS_MAX];
+                const uint8_t *wr[2];
+                const float *sr[2];
+                FEW_UNROLL for (s = 0; s < RW; s++) {
+                    const Py_ssize_t n = nb + (r + s < nr ? r + s : nr - 1);
+                    wr[s] = j->w + n * (K / 2);
+                    sr[s] = j->s ? j->s + n * G : NULL;
+                    if (r + s < nr && n + FEW_R < j->n1) /* the same chunk of the next block's row, into L2 */
+                        for (o = k0 / 2; o < k1 / 2; o += 64) __builtin_prefetch(j->w + (n + FEW_R) * (K / 2) + o, 0, QF_PF_LOCALITY);
+                    FEW_UNROLL for (m = 0; m < NM; m++) a[s][m] = k0 ? acc[r + s][m] : _mm512_setzero_ps();
+                }
+                for (k = k0; k < k1; k += 128) {
+                    __m512i l[2][4];
+                    __m512 sv[2];
+                    FEW_UNROLL for (s = 0; s < RW; s++) {
+                        const __m512i c_ = _mm512_loadu_si512((const void *)(wr[s] + k / 2));
+                        l[s][0] = _mm512_permutexvar_epi16(c_, tab);
+                        l[s][1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 4), tab);
+                        l[s][2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 8), tab);
+                        l[s][3] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 12), tab);
+                        sv[s] = bfs_scale(sr[s], k, g, c2, c4, c8);
+                    }
+                    FEW_UNROLL for (p = 0; p < NP; p++) BFS_STEP(4, 4 * p);
+                    BFS_STEP(NL, 4 * NP);
+                }
+                FEW_UNROLL for (s = 0; s < RW; s++)
+                    FEW_UNROLL for (m = 0; m < NM; m++) acc[r + s][m] = a[s][m];
+            }
+        }
+        for (r = 0; r < nr; r++)
+            for (m = 0; m < NM; m++) j->y[m * N + nb + r] = _mm512_reduce_add_ps(acc[r][m]);
     }
 }
-TGTVBBF static void blk_bfvb(const mm_job *j, const uint16_t *x) { blk_bfvb_body(j, x, K_LUT8); }
+#undef BFS_STEP
+
+TGTBF static void few_bfs(const mm_job *j, const uint16_t *xb, const uint16_t *tb) {
+    switch (j->M) {
+    case 2: few_bfs_body(j, xb, tb, 2, 2); break;
+    case 3: few_bfs_body(j, xb, tb, 3, 3); break;
+    case 4: few_bfs_body(j, xb, tb, 4, 4); break;
+    case 5: few_bfs_body(j, xb, tb, 5, 1); break;
+    case 6: few_bfs_body(j, xb, tb, 6, 2); break;
+    case 7: few_bfs_body(j, xb, tb, 7, 3); break;
+    default: few_bfs_body(j, xb, tb, 8, 4); break;
+    }
+}
+
+/* ---- one row of bfloat16 x, 6-bit codes in bytes with a scale alone (issue 45: GGUF's Q6_K) ----
+ * row1_bfs for codes below 64 (K_LUT6): the first 64 table values as bfloat16 in two registers,
+ * 64 bytes of codes read as 32 16-bit lanes and looked up twice by vpermt2w (bits 0-5 of the lane:
+ * the even column's code; the lane shifted right by 8: the odd column's), the dot products with
+ * x in permute_eo64's order, the group's scale once per 64 columns (or per group).  About 9
+ * operations per 64 weights where the byte-plane path takes about 20.  The same weights and
+ * error terms as row1_bfs. */
+
+/* x (K % 64 == 0): per 64 columns k.., the 32 columns k + 2i, then k + 2i + 1. */
+static void permute_eo64(const float *x, Py_ssize_t K, float *xo) {
+    Py_ssize_t k;
+    int i;
+    for (k = 0; k < K; k += 64)
+        for (i = 0; i < 32; i++) xo[k + i] = x[k + 2 * i], xo[k + 32 + i] = x[k + 2 * i + 1];
+}
+
+/* The first 64 table values as bfloat16 bits where each is zero or a finite normal binary32 value
+ * rounding to a finite normal bfloat16 (else 0). */
+TGTBF static int table64_bf16(const float *table, uint16_t *tb) {
+    int i;
+    for (i = 0; i < 64; i++) {
+        uint32_t u;
+        memcpy(&u, table + i, 4);
+        if ((u & 0x7FFFFFFF) && ((u & 0x7F800000) == 0 || (u & 0x7F800000) == 0x7F800000)) return 0;
+    }
+    for (i = 0; i < 64; i += 16) _mm256_storeu_si256((__m256i *)(tb + i), bf16_of(_mm512_loadu_ps(table + i)));
+    for (i = 0; i < 64; i++)
+        if (((tb[i] >> 7) & 0xFF) == 0xFF) return 0; /* rounded up to infinity */
+    return 1;
+}
+
+TGTBF static void row1_bfs6(const mm_job *j, const uint16_t *xb, const uint16_t *tb) {
+    const Py_ssize_t K = j->K, G = K / j->g, g = j->g, ahead = pf_rows(K);
+    const __m512i ta = _mm512_loadu_si512((const void *)tb), tb2 = _mm512_loadu_si512((const void *)(tb + 32));
+    const __m512i c4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i c8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    Py_ssize_t n, k, q;
+    for (n = j->n0; n < j->n1; n++) {
+        const uint8_t *wr = j->w + n * K;
+        const float *sr = j->s ? j->s + n * G : NULL;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, d, sv;
+        prefetch_row(j, n + ahead, K);
+        /* lane L of the sum: columns k + 4L .. k + 4L + 3 */
+#define DOT6(d, k)                                                                                                     \
+    do {                                                                                                               \
+        const __m512i c_ = _mm512_loadu_si512((const void *)(wr + (k)));                                               \
+        d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutex2var_epi16(ta, c_, tb2), (__m512bh)_mm512_loadu_si512((const void *)(xb + (k)))); \
+        d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutex2var_epi16(ta, _mm512_srli_epi16(c_, 8), tb2), (__m512bh)_mm512_loadu_si512((const void *)(xb + (k) + 32))); \
+    } while (0)
+#define ROT(t)                                           \
+    do { /* t reads a0: taken before the rotation */     \
+        const __m512 t_ = (t);                           \
+        a0 = a1, a1 = a2, a2 = a3, a3 = t_;              \
+    } while (0)
+        if (g % 64 == 0) {
+            for (q = 0; q < G; q++) {
+                d = _mm512_setzero_ps();
+                for (k = q * g; k < (q + 1) * g; k += 64) DOT6(d, k);
+                ROT(sr ? _mm512_fmadd_ps(d, _mm512_set1_ps(sr[q]), a0) : _mm512_add_ps(d, a0));
+            }
+        } else {
+            for (k = 0; k < K; k += 64) {
+                d = _mm512_setzero_ps();
+                DOT6(d, k);
+                if (!sr)
+                    sv = _mm512_set1_ps(1.0f);
+                else if (g == 16)
+                    sv = _mm512_permutexvar_ps(c4, _mm512_castps128_ps512(_mm_loadu_ps(sr + k / 16)));
+                else
+                    sv = _mm512_permutexvar_ps(c8, _mm512_castpd_ps(_mm512_castpd128_pd512(_mm_load_sd((const double *)(sr + k / 32)))));
+                ROT(_mm512_fmadd_ps(d, sv, a0));
+            }
+        }
+#undef DOT6
+#undef ROT
+        j->y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    }
+}
+
+#include "_matmul_tiles.h" /* blk_bf, blk_bfvb: many rows of bfloat16 x in column chunks */
 
 static int cpu_bf16(void) {
     __builtin_cpu_init();
@@ -1252,9 +1469,10 @@ typedef struct {
     mm_job base; /* n0, n1: the whole range of the call */
     const float *xp;
     const uint16_t *xb;
+    const uint16_t *tb; /* row1_bfs's 32-entry (row1_bfs6: 64-entry) bfloat16 table, or NULL */
     char *scratch; /* wsz bytes per share */
     size_t wsz;
-    int usebf, use512, use_row1, use_rows, use_few, nt, gomp;
+    int usebf, use512, use_row1, use_rows, use_few, use_bf1, use_bf6, nt, gomp;
     Py_ssize_t step;
 } mm_call;
 static int g_gomp_off = 0; /* the OpenMP route switched off (py_threading), with the GIL held */
@@ -1266,7 +1484,13 @@ static void run_share(const mm_call *c, int i) {
     j.n1 = j.n0 + c->step < c->base.n1 ? j.n0 + c->step : c->base.n1;
     if (j.n0 >= j.n1) return;
 #if QF_X86
-    if (c->use_few && c->usebf && j.planes)
+    if (c->use_bf6)
+        row1_bfs6(&j, c->xb, c->tb);
+    else if (c->use_bf1 && j.M == 1)
+        row1_bfs(&j, c->xb, c->tb);
+    else if (c->use_bf1)
+        few_bfs(&j, c->xb, c->tb);
+    else if (c->use_few && c->usebf && j.planes)
         few_bfvb(&j, c->xb);
     else if (c->use_few && c->usebf)
         few_bf(&j, c->xb);
@@ -1482,10 +1706,11 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     Py_buffer bx = {0}, bw = {0}, bt = {0}, by = {0}, bp[3];
     PyObject *po[3];
     Py_ssize_t M, K, N, g, n0, n1;
-    int kind, level, i, np_ = 0, use_row1, use_rows, use512, use_few, bf16x = 0, usebf = 0, threads = 1;
+    int kind, lut6, level, i, np_ = 0, use_row1, use_rows, use512, use_few, bf16x = 0, usebf = 0, threads = 1;
     mm_call call;
     float *xp = NULL, *wrow = NULL;
     uint16_t *xb = NULL;
+    uint16_t tb[64];
     uint8_t planes[512];
     mm_job j;
     (void)self;
@@ -1506,7 +1731,9 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
         return msg ? bad(msg) : NULL;                      \
     } while (0)
     if (M < 1 || M > 1024 || K < 1 || N < 1 || g < 8 || g > MAXG || g % 8 || K % g) FAIL("bad sizes (g must be a multiple of 8 up to 4096 dividing K)");
-    if (kind < K_NIB4 || kind > K_LUT8) FAIL("bad code kind");
+    if (kind < K_NIB4 || kind > K_LUT6) FAIL("bad code kind");
+    lut6 = kind == K_LUT6;
+    if (lut6) kind = K_LUT8; /* the same table and paths; row1_bfs6 below may take it */
     if (n0 < 0 || n1 > N || n0 > n1) FAIL("bad column range");
     if (K > PY_SSIZE_T_MAX / 4 / M || K > PY_SSIZE_T_MAX / N || M > PY_SSIZE_T_MAX / 4 / N) FAIL("sizes overflow");
     if (bx.len < M * K * 4) FAIL("x too short");
@@ -1564,7 +1791,53 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
         !g_planes_off && cpu_vbmi() && bf16_planes(j.table, planes))
         j.planes = planes;
 #endif
-    if ((use_row1 || use512) && (kind == K_NIB4 || j.planes)) { /* x in the order the weights are formed */
+#if QF_X86
+    /* 1 to BFS_MAX rows of bfloat16 x, 4-bit codes with a scale alone: row1_bfs / few_bfs (x and the
+     * table checked; several rows in whole 128-column steps) */
+    if (use512 && bf16x && kind == K_NIB4 && !j.z && !j.b && (M == 1 ? K % 64 == 0 : M <= BFS_MAX && K % 128 == 0) &&
+        (g == 16 || g == 32 || g % 64 == 0) && !g_bf1_off && cpu_bf16() && table_bf16x2(j.table, tb)) {
+        const Py_ssize_t xs = M == 1 ? K : BFS_XS(K); /* few_bfs's row stride */
+        xp = (float *)PyMem_RawMalloc((size_t)xs * (size_t)M * sizeof(float));
+        xb = (uint16_t *)PyMem_RawMalloc((size_t)xs * (size_t)M * sizeof(uint16_t));
+        if (!xp || !xb) {
+            PyErr_NoMemory();
+            FAIL(NULL);
+        }
+        memset(xp, 0, (size_t)xs * (size_t)M * sizeof(float)); /* the pads: converted, never read */
+        for (i = 0; i < M; i++) permute_bf1(j.x + i * K, K, xp + i * xs);
+        call.use_bf1 = x_bf16(xp, M * xs, xb);
+        PyMem_RawFree(xp);
+        xp = NULL;
+        if (!call.use_bf1) {
+            PyMem_RawFree(xb);
+            xb = NULL;
+        } else { /* no formed weight rows to keep */
+            PyMem_RawFree(wrow);
+            wrow = NULL;
+            call.wsz = 0;
+        }
+    }
+    /* one row of bfloat16 x, codes below 64 with a scale alone: row1_bfs6 */
+    if (use512 && M == 1 && bf16x && lut6 && !j.z && !j.b && K % 64 == 0 && (g == 16 || g == 32 || g % 64 == 0) && !g_bf1_off &&
+        cpu_bf16() && table64_bf16(j.table, tb)) {
+        xp = (float *)PyMem_RawMalloc((size_t)K * sizeof(float));
+        xb = (uint16_t *)PyMem_RawMalloc((size_t)K * sizeof(uint16_t));
+        if (!xp || !xb) {
+            PyErr_NoMemory();
+            FAIL(NULL);
+        }
+        permute_eo64(j.x, K, xp);
+        call.use_bf6 = call.use_bf1 = x_bf16(xp, K, xb);
+        PyMem_RawFree(xp);
+        xp = NULL;
+        if (!call.use_bf6) {
+            PyMem_RawFree(xb);
+            xb = NULL;
+        } else
+            j.planes = NULL; /* not the byte planes' x order */
+    }
+#endif
+    if (!call.use_bf1 && (use_row1 || use512) && (kind == K_NIB4 || j.planes)) { /* x in the order the weights are formed */
         const Py_ssize_t rows = use512 ? M : 1;
         xp = (float *)PyMem_RawMalloc((size_t)K * (size_t)rows * sizeof(float));
         if (!xp) {
@@ -1584,7 +1857,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     }
     /* bfloat16 dot products: several rows of bfloat16 x (the caller's bf16x: x holds bfloat16
      * values and the weights are proved in bfloat16's normal range), none subnormal */
-    if (use512 && use_rows && bf16x && K % 32 == 0 && cpu_bf16()) {
+    if (!call.use_bf1 && use512 && use_rows && bf16x && K % 32 == 0 && cpu_bf16()) {
         const int amx = !use_few && !g_amx_off && amx_usable();
         /* AMX: x in the tile's pair layout, in chunks of 16 rows; else plain bfloat16 rows */
         const size_t xn = amx ? (size_t)((M + 15) / 16) * 16 * (size_t)K : (size_t)M * (size_t)K;
@@ -1603,6 +1876,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     call.base = j;
     call.xp = xp;
     call.xb = xb;
+    call.tb = call.use_bf1 ? tb : NULL;
     call.scratch = wrow ? (char *)wrow + (64 - (uintptr_t)wrow % 64) % 64 : NULL;
     call.usebf = usebf, call.use512 = use512, call.use_row1 = use_row1, call.use_rows = use_rows, call.use_few = use_few;
     call.gomp = call.nt > 1 && gomp_usable();
@@ -1670,6 +1944,22 @@ static PyObject *py_few(PyObject *self, PyObject *args) {
     return PyBool_FromLong(!g_few_off && cpu_level() == LVL_AVX512);
 }
 
+/* bf1([flag]): whether one row of bfloat16 x with 4-bit codes and a scale alone takes row1_bfs
+ * (bfloat16 table, each group's dot product scaled once) where the CPU has AVX512_BF16; 0 switches
+ * it off (tests, benchmarks: row1_avx512 runs), 1 back on. */
+static PyObject *py_bf1(PyObject *self, PyObject *args) {
+    int flag = -1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "|i", &flag)) return NULL;
+    if (flag == 0) g_bf1_off = 1;
+    if (flag == 1) g_bf1_off = 0;
+#if QF_X86
+    return PyBool_FromLong(!g_bf1_off && cpu_level() == LVL_AVX512 && cpu_bf16());
+#else
+    return PyBool_FromLong(0);
+#endif
+}
+
 static PyObject *py_cpu_bf16(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -1691,6 +1981,7 @@ static PyMethodDef methods[] = {
     {"threading", py_threading, METH_VARARGS, "threading([openmp]): which threads run a call's shares (see the file)."},
     {"planes", py_planes, METH_VARARGS, "planes([flag]): whether the AVX512_VBMI byte planes run; 0 switches them off, 1 back on."},
     {"few", py_few, METH_VARARGS, "few([flag]): whether 2 to 4 rows of x take the few-rows path; 0 switches it off, 1 back on."},
+    {"bf1", py_bf1, METH_VARARGS, "bf1([flag]): whether one row of bfloat16 x with 4-bit codes and a scale alone takes the bfloat16-table path; 0 switches it off, 1 back on."},
     {"amx", py_amx, METH_VARARGS, "amx([flag]): whether the AMX path runs; 0 switches it off, 1 back on."},
     {"cpu_bf16", py_cpu_bf16, METH_NOARGS, "Whether the AVX-512 level's bfloat16 dot products (AVX512_BF16) run on this CPU."},
     {"cpu_level", py_cpu_level, METH_NOARGS, "2 where the AVX-512 path runs, 1 where the AVX2+FMA+F16C one, else 0."},

@@ -680,6 +680,8 @@ class LutGrouped(KernelPath):
             return None
         codes = self._codes(desc, comps, nib)
         kind = "nib4" if nib else self._byte_kind(lut[:valid], valid, codes)
+        if kind == "lut8" and valid <= 64:  # codes of at most 6 bits (Q6_K's): below 64, as "lut6" promises the kernel
+            kind = "lut6"
         why = rel + other
         t = {"codes": codes, "table": torch.from_numpy(lut), **params}
         # the kernel's bfloat16 dot products (several rows of bfloat16 x) need every nonzero
