@@ -1149,28 +1149,46 @@ TGTBF static inline __attribute__((always_inline)) __m512 bfs_scale(const float 
     return _mm512_set1_ps(sr[k / g]);
 }
 
-/* RW weight rows' 128 columns from k times NM rows of x from m0 (x rows' stride XS), into a[s][m0 + m]. */
-#define BFS_STEP(NM, m0)                                                                                                  \
+/* One pass: RW weight rows' columns [k0, k1) times NM rows of x from m0, the sums acc[r + s][m0 + m]
+ * kept in registers for the pass (RW x NM of them, RW x NM dot products in flight, the RW x 4
+ * lookups: at most 30 registers). */
+#define BFS_PASS(NM, m0)                                                                                                  \
     do {                                                                                                                  \
-        __m512 d_[2][4];                                                                                                  \
+        __m512 a_[2][4];                                                                                                  \
         int i_, m_, s_;                                                                                                   \
         FEW_UNROLL for (s_ = 0; s_ < RW; s_++)                                                                            \
-            FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) d_[s_][m_] = _mm512_setzero_ps();                                    \
-        /* the four lookups' dot products taken in turn over every (weight row, row of x): RW NM            \
-         * independent sums in flight rather than one chain of four at a time */                                          \
-        FEW_UNROLL for (i_ = 0; i_ < 4; i_++)                                                                             \
-            FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) {                                                                    \
-                const __m512bh xv_ = (__m512bh)_mm512_loadu_si512((const void *)(xb + ((m0) + m_) * XS + k + 32 * i_)); \
-                FEW_UNROLL for (s_ = 0; s_ < RW; s_++) d_[s_][m_] = _mm512_dpbf16_ps(d_[s_][m_], (__m512bh)l[s_][i_], xv_); \
+            FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) a_[s_][m_] = k0 ? acc[r + s_][(m0) + m_] : _mm512_setzero_ps();     \
+        for (k = k0; k < k1; k += 128) {                                                                                  \
+            __m512i l_[2][4];                                                                                             \
+            __m512 sv_[2], d_[2][4];                                                                                      \
+            FEW_UNROLL for (s_ = 0; s_ < RW; s_++) {                                                                      \
+                const __m512i c_ = _mm512_loadu_si512((const void *)(wr[s_] + k / 2));                                    \
+                l_[s_][0] = _mm512_permutexvar_epi16(c_, tab);                                                            \
+                l_[s_][1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 4), tab);                                      \
+                l_[s_][2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 8), tab);                                      \
+                l_[s_][3] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 12), tab);                                     \
+                sv_[s_] = bfs_scale(sr[s_], k, g, c2, c4, c8);                                                            \
+                FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) d_[s_][m_] = _mm512_setzero_ps();                                \
             }                                                                                                             \
+            /* the four lookups' dot products taken in turn over every (weight row, row of x): RW NM  \
+             * independent sums in flight rather than one chain of four at a time */                                    \
+            FEW_UNROLL for (i_ = 0; i_ < 4; i_++)                                                                         \
+                FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) {                                                                \
+                    const __m512bh xv_ = (__m512bh)_mm512_loadu_si512((const void *)(xb + ((m0) + m_) * XS + k + 32 * i_)); \
+                    FEW_UNROLL for (s_ = 0; s_ < RW; s_++) d_[s_][m_] = _mm512_dpbf16_ps(d_[s_][m_], (__m512bh)l_[s_][i_], xv_); \
+                }                                                                                                         \
+            FEW_UNROLL for (s_ = 0; s_ < RW; s_++)                                                                        \
+                FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) a_[s_][m_] = _mm512_fmadd_ps(d_[s_][m_], sv_[s_], a_[s_][m_]);   \
+        }                                                                                                                 \
         FEW_UNROLL for (s_ = 0; s_ < RW; s_++)                                                                            \
-            FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) a[s_][(m0) + m_] = _mm512_fmadd_ps(d_[s_][m_], sv[s_], a[s_][(m0) + m_]); \
+            FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) acc[r + s_][(m0) + m_] = a_[s_][m_];                                 \
     } while (0)
 
-/* NM rows of x (at most BFS_MAX) as NP passes of 4 and a last of NL (1 to 4), each pass RW = 2 weight
- * rows in lockstep (RW x 4 sums and RW x 4 dot products in registers; a pass of all 8 rows would
- * not fit, and one weight row at a time measured 1.4-2x slower: each x load then serves one dot
- * product).  The passes run on the same 128 columns of codes, from L1. */
+/* NM rows of x (at most BFS_MAX) as NP passes of 4 and a last of NL (1 to 4), each pass over the
+ * chunk with RW = 2 weight rows in lockstep: a pass of all 8 rows would not fit the registers
+ * (measured: the sums spilled), one weight row at a time measured 1.4-2x slower (each x load then
+ * serves one dot product).  A pass looks the codes up again (8 operations per 128 columns and
+ * weight row, against 16-32 dot products), from L1. */
 TGTBF static inline __attribute__((always_inline)) void few_bfs_body(const mm_job *j, const uint16_t *xb, const uint16_t *tb, const int NM,
                                                                      const int NL) {
     const Py_ssize_t K = j->K, G = K / j->g, g = j->g, N = j->N, XS = BFS_XS(K);
@@ -1189,7 +1207,6 @@ TGTBF static inline __attribute__((always_inline)) void few_bfs_body(const mm_jo
         for (k0 = 0; k0 < K; k0 += kc) {
             k1 = k0 + kc < K ? k0 + kc : K;
             for (r = 0; r < nr; r += RW) {
-                __m512 a[2][BFS_MAX];
                 const uint8_t *wr[2];
                 const float *sr[2];
                 FEW_UNROLL for (s = 0; s < RW; s++) {
@@ -1198,31 +1215,16 @@ TGTBF static inline __attribute__((always_inline)) void few_bfs_body(const mm_jo
                     sr[s] = j->s ? j->s + n * G : NULL;
                     if (r + s < nr && n + FEW_R < j->n1) /* the same chunk of the next block's row, into L2 */
                         for (o = k0 / 2; o < k1 / 2; o += 64) __builtin_prefetch(j->w + (n + FEW_R) * (K / 2) + o, 0, QF_PF_LOCALITY);
-                    FEW_UNROLL for (m = 0; m < NM; m++) a[s][m] = k0 ? acc[r + s][m] : _mm512_setzero_ps();
                 }
-                for (k = k0; k < k1; k += 128) {
-                    __m512i l[2][4];
-                    __m512 sv[2];
-                    FEW_UNROLL for (s = 0; s < RW; s++) {
-                        const __m512i c_ = _mm512_loadu_si512((const void *)(wr[s] + k / 2));
-                        l[s][0] = _mm512_permutexvar_epi16(c_, tab);
-                        l[s][1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 4), tab);
-                        l[s][2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 8), tab);
-                        l[s][3] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 12), tab);
-                        sv[s] = bfs_scale(sr[s], k, g, c2, c4, c8);
-                    }
-                    FEW_UNROLL for (p = 0; p < NP; p++) BFS_STEP(4, 4 * p);
-                    BFS_STEP(NL, 4 * NP);
-                }
-                FEW_UNROLL for (s = 0; s < RW; s++)
-                    FEW_UNROLL for (m = 0; m < NM; m++) acc[r + s][m] = a[s][m];
+                for (p = 0; p < NP; p++) BFS_PASS(4, 4 * p);
+                BFS_PASS(NL, 4 * NP);
             }
         }
         for (r = 0; r < nr; r++)
             for (m = 0; m < NM; m++) j->y[m * N + nb + r] = _mm512_reduce_add_ps(acc[r][m]);
     }
 }
-#undef BFS_STEP
+#undef BFS_PASS
 
 TGTBF static void few_bfs(const mm_job *j, const uint16_t *xb, const uint16_t *tb) {
     switch (j->M) {
