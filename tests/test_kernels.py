@@ -523,6 +523,26 @@ if mm.bf1():
                     assert ok.all(), ("bf1", m, k, g, threads, n0, n1)
                     assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all()
                     runs += 1
+# the tiled path of many bfloat16 rows (blk_bf, blk_bfvb: more than 1 MiB of x), its heap tile
+# and packed x, a share's last tile masked
+if mm.cpu_bf16():
+    for kind, g in ((0, 32), (5, 32), (1, 64)):
+        m, k, n = 300, 2048, 70
+        w = rng.integers(0, 256, (n, k // 2 if kind == 0 else k), dtype=np.uint8)
+        tab = tables[kind] if kind != 5 else tables[5].astype(ml_dtypes.bfloat16).astype(np.float32)  # bfloat16 values: the planes
+        s = rng.standard_normal((n, k // g)).astype(np.float32)
+        x = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16).astype(np.float32)
+        codes = np.stack([w & 15, w >> 4], -1).reshape(n, k) if kind == 0 else w
+        wf = tab[codes].astype(np.float32) * np.repeat(s, g, 1)
+        ref = x.astype(np.float64) @ wf.astype(np.float64).T
+        absx = np.abs(x).astype(np.float64) @ np.abs(wf.astype(np.float64)).T
+        for threads in (1, 2):
+            for n0, n1 in ((0, n), (1, n - 1)):
+                y = np.full((m, n), np.nan, np.float32)
+                mm.matmul(x, m, k, w, n, kind, tab, g, None, s, None, y, n0, n1, 2, 1, threads)
+                assert (np.abs(y[:, n0:n1] - ref[:, n0:n1]) <= (2.0**-8 + 1e-5) * absx[:, n0:n1] + 1e-30).all(), ("tiles", kind, threads, n0, n1)
+                assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all()
+                runs += 1
 print("runs", runs)
 """
 
@@ -636,7 +656,8 @@ def test_sanitized_matmul_kernel(tmp_path):
     rows of x, groups of 8 to 128, 7 to 150 columns, partial column ranges, one and several
     threads (the native pool: the sanitized module is loaded without torch, so no OpenMP), the
     bfloat16 products (AVX512_BF16 / AMX) where this CPU has them, and the bfloat16-table path of
-    scale-only 4-bit codes (1 to 8 rows, every group size it takes), on every level this CPU has,
+    scale-only 4-bit codes (1 to 8 rows, every group size it takes) and the tiles of many bfloat16
+    rows (300 x 2048: past 1 MiB of x; 4-bit, byte-plane and int8 codes), on every level this CPU has,
     against a float64 reference, with no invalid access or undefined behaviour; columns outside
     the range asked for are never written."""
     so, env = _sanitized_build("_matmul", tmp_path)
