@@ -134,7 +134,21 @@ typedef struct {
     double *scales;  /* [n] */
     uint8_t *status; /* [n]: 1 encoded here, 0 left to Python */
     float *xt, *qf;  /* scratch: xt [g][LANES], qf [3 g] */
+    uint16_t *s16;   /* NULL or [n]: the scales' float16 / bfloat16 bits (sk), for the groups encoded here */
 } sym_job;
+
+/* The bits of a scale exactly representable in float16 (sk 1) or bfloat16 (2), nonzero and
+ * finite (the groups encoded here): bfloat16 the top half of binary32; float16 rebiased, or
+ * shifted into a subnormal (exactly: no bit is dropped). */
+static inline uint16_t scale_bits(double v, int sk) {
+    const float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (sk != 1) return (uint16_t)(u >> 16);
+    const uint32_t sign = (u >> 16) & 0x8000u, e = (u >> 23) & 0xFFu, m = u & 0x7FFFFFu;
+    if (e >= 113) return (uint16_t)(sign | ((e - 112) << 10) | (m >> 13));
+    return (uint16_t)(sign | ((m | 0x800000u) >> (126 - e)));
+}
 
 /* The five binary32 squared-error sums of a block ([5][LANES]), each sequential over the group;
  * sh: 0 (float32 output) or the bits float16 / bfloat16 rounding drops. */
@@ -158,9 +172,41 @@ AI void estimates(const float *restrict xt, int g, float inv[3][LANES], float A3
     }
 }
 
+/* 16 x 16 floats: rows [16] (row k at rows + k * stride) into t (t[i * LANES + k] = row k's i),
+ * four stages that each swap one bit of the row index with the same bit of the column index
+ * (two-operand shuffles: AVX-512's vpermt2ps; issue 45 item 5, the scalar copy took a quarter of
+ * the encoder's time).  Exact: values are only moved. */
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef float v16fu __attribute__((vector_size(64), aligned(4)));
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+AI void transpose16(const float *rows, Py_ssize_t stride, float *t) {
+    v16f R[16];
+    for (int k = 0; k < 16; k++) R[k] = *(const v16fu *)(rows + k * stride);
+    static const v16i LO[4] = {{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+                               {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+                               {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+                               {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}};
+    static const v16i HI[4] = {{1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31},
+                               {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+                               {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+                               {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}};
+    for (int s = 0; s < 4; s++) {
+        const int b = 1 << s;
+        for (int r = 0; r < 16; r++)
+            if (!(r & b)) {
+                const v16f a = R[r], c = R[r + b];
+                R[r] = __builtin_shuffle(a, c, LO[s]);
+                R[r + b] = __builtin_shuffle(a, c, HI[s]);
+            }
+    }
+    for (int k = 0; k < 16; k++) memcpy(t + k * LANES, &R[k], 64);
+}
+
 /* One block of nl (<= LANES) groups starting at row r0. */
-/* g: J->g, passed separately so that the common group sizes compile with constant loop bounds. */
-AI void sym_block(const sym_job *J, Py_ssize_t r0, int nl, const int g) {
+/* g: J->g, passed separately so that the common group sizes compile with constant loop bounds;
+ * wide: compiled for AVX-512 (the shuffle transpose; a scalar copy elsewhere). */
+AI void sym_block(const sym_job *J, Py_ssize_t r0, int nl, const int g, const int wide) {
     const int lo = -(1 << (J->bits - 1)), hi = (1 << (J->bits - 1)) - 1, dk = J->dk;
     const int sh = dk == OUT_F16 ? 13 : 16;
     const double half = (double)(1 << (J->bits - 1));
@@ -168,6 +214,11 @@ AI void sym_block(const sym_job *J, Py_ssize_t r0, int nl, const int g) {
     float mx[LANES], mn[LANES], A32[3][LANES], inv[3][LANES], E[5][LANES], s32[LANES], sinv[LANES], sgn[LANES];
     double S[5][LANES];
     int fast[LANES], pos[LANES];
+    if (wide && g == 32 && nl == LANES && J->src == SRC_F32) {
+        const float *x0 = (const float *)J->x + r0 * g;
+        transpose16(x0, g, xt);
+        transpose16(x0 + 16, g, xt + 16 * LANES);
+    } else
     for (int j = 0; j < LANES; j++) { /* padding lanes repeat the last group */
         const Py_ssize_t r = r0 + (j < nl ? j : nl - 1);
         if (J->src == SRC_F32) {
@@ -178,55 +229,69 @@ AI void sym_block(const sym_job *J, Py_ssize_t r0, int nl, const int g) {
         }
     }
     /* NaN is skipped here; a group holding one gets NaN estimates, caught below */
-    for (int j = 0; j < LANES; j++) mx[j] = -INFINITY, mn[j] = INFINITY;
-    for (int i = 0; i < g; i++)
-        for (int j = 0; j < LANES; j++) {
-            const float v = xt[i * LANES + j];
-            mx[j] = v > mx[j] ? v : mx[j];
-            mn[j] = v < mn[j] ? v : mn[j];
+    { /* 16 lanes as one vector (the scalar loops stayed scalar): v > max / v < min selects */
+        v16f vmx, vmn;
+        for (int j = 0; j < LANES; j++) vmx[j] = -INFINITY, vmn[j] = INFINITY;
+        for (int i = 0; i < g; i++) {
+            v16f v;
+            memcpy(&v, xt + i * LANES, 64);
+            const v16i gt = v > vmx, lt = v < vmn;
+            vmx = (v16f)(((v16i)v & gt) | ((v16i)vmx & ~gt));
+            vmn = (v16f)(((v16i)v & lt) | ((v16i)vmn & ~lt));
         }
+        memcpy(mx, &vmx, 64);
+        memcpy(mn, &vmn, 64);
+    }
     /* per group: the candidate magnitudes amax / m rounded to the scale dtype, in lanes (the
      * rounding on the bits where the result is a normal number of it; to_kind otherwise) */
     const double m[3] = {half, half + 0.5, half + 0.25};
     const int p = J->sk == OUT_F16 ? 10 : 7;
     const double nmin = J->sk == OUT_F16 ? 0x1p-14 : 0x1p-126, nmax = J->sk == OUT_F16 ? 65504.0 : 0x1.fep127;
-    double Ad[3][LANES], q40[LANES];
-    int odd[LANES];
+    double Ad[3][LANES], q40[LANES], amaxd[LANES];
+    int odd[LANES], anyodd = 0;
+    /* lane loops without branches (they vectorize; issue 45 item 5): the same operations per lane */
     for (int j = 0; j < LANES; j++) {
-        const double amax = mx[j] > -mn[j] ? (double)mx[j] : -(double)mn[j];
-        q40[j] = mx[j] > -mn[j] ? -1.0 : 1.0;
-        int o = mx[j] == -mn[j];
-        for (int k = 0; k < 3; k++) {
-            const double v = amax / m[k];
-            o |= !(v >= nmin && v < nmax);
+        const int pm = mx[j] > -mn[j];
+        amaxd[j] = pm ? (double)mx[j] : -(double)mn[j];
+        q40[j] = pm ? -1.0 : 1.0;
+        odd[j] = mx[j] == -mn[j];
+    }
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < LANES; j++) {
+            const double v = amaxd[j] / m[k];
+            odd[j] |= !(v >= nmin && v < nmax);
             Ad[k][j] = round_bits64(v, p);
         }
-        odd[j] = o;
-    }
-    for (int j = 0; j < LANES; j++) {
-        const double amax = mx[j] > -mn[j] ? (double)mx[j] : -(double)mn[j];
-        double *A[3] = {&Ad[0][j], &Ad[1][j], &Ad[2][j]};
-        if (odd[j]) { /* rare: a tie of both signs, or a scale outside the normal range */
+    for (int j = 0; j < LANES; j++) anyodd |= odd[j];
+    if (anyodd)
+        for (int j = 0; j < LANES; j++) {
+            if (!odd[j]) continue; /* rare: a tie of both signs, or a scale outside the normal range */
+            const double amax = amaxd[j];
             if (mx[j] == -mn[j] && mx[j] > 0) /* the first element of largest magnitude decides */
                 for (int i = 0; i < g; i++)
                     if (fabsf(xt[i * LANES + j]) == mx[j]) {
                         q40[j] = xt[i * LANES + j] > 0 ? -1.0 : 1.0;
                         break;
                     }
-            for (int k = 0; k < 3; k++) *A[k] = to_kind(amax / m[k], J->sk);
+            for (int k = 0; k < 3; k++) Ad[k][j] = to_kind(amax / m[k], J->sk);
         }
-        int f = amax > 0x1p-50 && amax < 0x1p50;
+    int allfast = 1;
+    for (int j = 0; j < LANES; j++) {
+        int f = amaxd[j] > 0x1p-50 && amaxd[j] < 0x1p50;
         for (int k = 0; k < 3; k++) {
-            f = f && isfinite(*A[k]) && *A[k] > 0;
-            if (dk == OUT_F16) f = f && *A[k] >= 0x1p-14;
+            f &= Ad[k][j] > 0 && Ad[k][j] <= 0x1.fffffffffffffp1023; /* finite and positive */
+            if (dk == OUT_F16) f &= Ad[k][j] >= 0x1p-14;
         }
-        if (dk == OUT_F16) f = f && half * *A[0] <= 65504.0;
-        fast[j] = f && j < nl;
-        if (!fast[j]) { /* benign values; the lane's results are not used */
-            *A[0] = *A[1] = *A[2] = 1.0;
+        if (dk == OUT_F16) f &= half * Ad[0][j] <= 65504.0;
+        fast[j] = f & (j < nl);
+        allfast &= fast[j];
+    }
+    if (!allfast)
+        for (int j = 0; j < LANES; j++) {
+            if (fast[j]) continue; /* benign values; the lane's results are not used */
+            Ad[0][j] = Ad[1][j] = Ad[2][j] = 1.0;
             for (int i = 0; i < g; i++) xt[i * LANES + j] = 0.0f;
         }
-    }
     for (int j = 0; j < LANES; j++) {
         pos[j] = q40[j] > 0;
         S[0][j] = q40[j] * Ad[0][j], S[1][j] = -q40[j] * Ad[0][j], S[2][j] = -Ad[1][j], S[3][j] = Ad[1][j], S[4][j] = -Ad[2][j];
@@ -241,20 +306,30 @@ AI void sym_block(const sym_job *J, Py_ssize_t r0, int nl, const int g) {
     else
         estimates(xt, g, inv, A32, flo, fhi, sh, E);
     const float keep = (float)(1.0 - 1e-4);
+    double sb[LANES];
     for (int j = 0; j < LANES; j++) {
         /* a NaN anywhere in the group makes every estimate NaN (d - NaN): left to Python */
-        if (E[0][j] != E[0][j]) fast[j] = 0;
-        /* Q4_0's sign first: E[0] is +a0's estimate, E[1] -a0's */
+        fast[j] &= E[0][j] == E[0][j];
+        /* Q4_0's sign first: E[0] is +a0's estimate, E[1] -a0's; then the first candidate below
+         * best * keep replaces it, in order (selects, not branches) */
         float be = pos[j] ? E[0][j] : E[1][j];
         const float e1 = pos[j] ? E[1][j] : E[0][j];
-        int best = 0;
-        if (e1 < be * keep) be = e1, best = 1;
-        for (int c = 2; c < 5; c++)
-            if (E[c][j] < be * keep) be = E[c][j], best = c;
-        const double s = S[best][j];
-        if (fast[j]) J->scales[r0 + j] = s;
-        s32[j] = (float)s, sinv[j] = 1.0f / (float)s, sgn[j] = s > 0 ? 1.0f : -1.0f;
+        double sv = S[0][j]; /* S[0] is the scale whose estimate is be, S[1] e1's (q40 signs both) */
+        const double s1 = S[1][j];
+        int t = e1 < be * keep;
+        be = t ? e1 : be, sv = t ? s1 : sv;
+        for (int c = 2; c < 5; c++) {
+            t = E[c][j] < be * keep;
+            be = t ? E[c][j] : be, sv = t ? S[c][j] : sv;
+        }
+        sb[j] = sv;
+        s32[j] = (float)sv, sinv[j] = 1.0f / (float)sv, sgn[j] = sv > 0 ? 1.0f : -1.0f;
     }
+    for (int j = 0; j < LANES; j++)
+        if (fast[j]) {
+            J->scales[r0 + j] = sb[j];
+            if (J->s16) J->s16[r0 + j] = scale_bits(sb[j], J->sk);
+        }
     /* the codes, group by group in the row layout (contiguous, vectorized along the group);
      * elements near a half integer are redone by the float64 rule */
     const float halfeps = 0.5f - (float)((1 - lo) * 0x1p-21);
@@ -289,7 +364,16 @@ AI void sym_block(const sym_job *J, Py_ssize_t r0, int nl, const int g) {
                 const float y = xr[i] * si;
                 if (fabsf(y - rint22(y)) > halfeps) qr[i] = ref_code((double)xr[i], J->scales[r], lo, hi, dk);
             }
-        if (J->packed) { /* codes to bytes first (one vector conversion), then nibble pairs */
+        if (J->packed && g == 32) { /* even and odd codes apart (two shuffles), nibble pairs, bytes */
+            v16f a, c;
+            memcpy(&a, qr, 64);
+            memcpy(&c, qr + 16, 64);
+            const v16i ia = __builtin_convertvector(a, v16i), ic = __builtin_convertvector(c, v16i);
+            const v16i e = __builtin_shuffle(ia, ic, (v16i){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30});
+            const v16i o = __builtin_shuffle(ia, ic, (v16i){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31});
+            const v16u8 pb = __builtin_convertvector((e & 15) | ((o & 15) << 4), v16u8);
+            memcpy((uint8_t *)J->codes + r * 16, &pb, 16);
+        } else if (J->packed) { /* codes to bytes first (one vector conversion), then nibble pairs */
             int8_t *restrict q8 = (int8_t *)(qr + g);
             for (int i = 0; i < g; i++) q8[i] = (int8_t)(int)qr[i];
             uint8_t *restrict o = (uint8_t *)J->codes + r * (g / 2);
@@ -306,13 +390,13 @@ AI void sym_block(const sym_job *J, Py_ssize_t r0, int nl, const int g) {
     }
 }
 
-AI void sym_rows(const sym_job *J, Py_ssize_t a, Py_ssize_t b) {
+AI void sym_rows(const sym_job *J, Py_ssize_t a, Py_ssize_t b, const int wide) {
     for (Py_ssize_t r = a; r < b; r += LANES) {
         const int nl = b - r < LANES ? (int)(b - r) : LANES;
         if (J->g == 32)
-            sym_block(J, r, nl, 32);
+            sym_block(J, r, nl, 32, wide);
         else
-            sym_block(J, r, nl, J->g);
+            sym_block(J, r, nl, J->g, wide);
     }
 }
 
@@ -367,14 +451,14 @@ AI void asym_rows(const asym_job *J, Py_ssize_t a, Py_ssize_t b, double *y) {
     for (Py_ssize_t r = a; r < b; r++) asym_row(J, r, y);
 }
 
-static void sym_generic(const sym_job *J, Py_ssize_t a, Py_ssize_t b) { sym_rows(J, a, b); }
+static void sym_generic(const sym_job *J, Py_ssize_t a, Py_ssize_t b) { sym_rows(J, a, b, 0); }
 static void asym_generic(const asym_job *J, Py_ssize_t a, Py_ssize_t b, double *y) { asym_rows(J, a, b, y); }
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define QF_X86 1
-__attribute__((target("avx2"))) static void sym_avx2(const sym_job *J, Py_ssize_t a, Py_ssize_t b) { sym_rows(J, a, b); }
+__attribute__((target("avx2"))) static void sym_avx2(const sym_job *J, Py_ssize_t a, Py_ssize_t b) { sym_rows(J, a, b, 0); }
 __attribute__((target("avx2"))) static void asym_avx2(const asym_job *J, Py_ssize_t a, Py_ssize_t b, double *y) { asym_rows(J, a, b, y); }
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) static void sym_avx512(const sym_job *J, Py_ssize_t a, Py_ssize_t b) {
-    sym_rows(J, a, b);
+    sym_rows(J, a, b, 1);
 }
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) static void asym_avx512(const asym_job *J, Py_ssize_t a, Py_ssize_t b,
                                                                                       double *y) {
@@ -403,26 +487,36 @@ static int check_common(Py_ssize_t n, int g, int bits, int src, int sk, int pack
     return 0;
 }
 
-/* int_sym(x, src, n, g, bits, scale_kind, out_kind, packed, codes, scales, status[, level]):
+/* int_sym(x, src, n, g, bits, scale_kind, out_kind, packed, codes, scales, status[, level[, s16]]):
  * n groups of g values (x: float32 / float16 / bfloat16, C order), scale_kind 1 float16, 2
  * bfloat16; out_kind 0 float32, 1 float16, 2 bfloat16; codes int8 [n, g] or packed nibbles
- * [n, g / 2]; scales float64 [n]; status uint8 [n].  Returns how many groups were left (status 0). */
+ * [n, g / 2]; scales float64 [n]; status uint8 [n]; s16 (None or uint16 [n]): also the scales'
+ * bits in scale_kind (saves the caller a float64 conversion).  Returns how many groups were left
+ * (status 0; their scales and s16 entries are the caller's to write). */
 static PyObject *py_int_sym(PyObject *self, PyObject *args) {
-    Py_buffer xb, cb, sb, stb;
+    Py_buffer xb, cb, sb, stb, hb = {0};
     Py_ssize_t n;
     int src, g, bits, sk, dk, packed, level = -1;
+    PyObject *ho = Py_None;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*iniiiipw*w*w*|i", &xb, &src, &n, &g, &bits, &sk, &dk, &packed, &cb, &sb, &stb, &level)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*iniiiipw*w*w*|iO", &xb, &src, &n, &g, &bits, &sk, &dk, &packed, &cb, &sb, &stb, &level, &ho)) return NULL;
+    if (ho != Py_None && PyObject_GetBuffer(ho, &hb, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&xb), PyBuffer_Release(&cb), PyBuffer_Release(&sb), PyBuffer_Release(&stb);
+        return NULL;
+    }
     PyObject *ret = NULL;
     if (check_common(n, g, bits, src, sk, packed, xb.len, cb.len, sb.len, stb.len, &level) == 0) {
         if (dk < OUT_F32 || dk > OUT_BF16) {
             PyErr_SetString(PyExc_ValueError, "bad output kind");
+        } else if (hb.buf != NULL && hb.len != 2 * n) {
+            PyErr_SetString(PyExc_ValueError, "buffer sizes do not match the rows");
         } else {
             float *buf = n ? malloc(sizeof(float) * (LANES + 3) * (size_t)g) : NULL;
             if (n && !buf) {
                 PyErr_NoMemory();
             } else {
-                sym_job J = {xb.buf, src, g, bits, sk, dk, packed, cb.buf, (double *)sb.buf, (uint8_t *)stb.buf, buf, buf + LANES * g};
+                sym_job J = {xb.buf, src, g, bits, sk, dk, packed, cb.buf, (double *)sb.buf, (uint8_t *)stb.buf, buf, buf + LANES * g,
+                             (uint16_t *)hb.buf};
                 Py_ssize_t left = 0;
                 Py_BEGIN_ALLOW_THREADS
 #if QF_X86
@@ -440,6 +534,7 @@ static PyObject *py_int_sym(PyObject *self, PyObject *args) {
             }
         }
     }
+    if (hb.buf != NULL) PyBuffer_Release(&hb);
     PyBuffer_Release(&xb), PyBuffer_Release(&cb), PyBuffer_Release(&sb), PyBuffer_Release(&stb);
     return ret;
 }

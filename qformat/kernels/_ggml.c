@@ -395,8 +395,9 @@ static void q3_k_search(const float *x, float *scales, int8_t *L) {
 
 /* Q3_K's bytes from the 6-bit scales l6 (stored values 0..63) and d: the scale bytes, the codes
  * re-fitted to the stored scales (L: 0..7 from the search, kept where a scale is 0), hmask, qs. */
-static void q3_k_store(const float *x, uint8_t *y, const int8_t *l6, uint16_t d16, int8_t *L) {
-    uint8_t *hmask = y, *qs = y + 32, *sc = y + 96;
+/* Q3_K's 12 scale bytes (y + 96) from the 6-bit scales l6 and its F16 d (y + 108); returns d. */
+static inline float q3_k_put_scales(uint8_t *y, const int8_t *l6, uint16_t d16) {
+    uint8_t *sc = y + 96;
     memset(sc, 0, 12);
     for (int j = 0; j < 16; ++j) {
         int l = l6[j];
@@ -408,11 +409,20 @@ static void q3_k_store(const float *x, uint8_t *y, const int8_t *l6, uint16_t d1
         sc[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
     }
     put16(y + 108, d16);
-    const float dd = f16_to_f32(d16);
+    return f16_to_f32(d16);
+}
+
+/* Sub-block j's stored scale (-32..31), read back from the 12 scale bytes as ggml does. */
+static inline int8_t q3_k_scale(const uint8_t *sc, int j) {
+    const int8_t s = (int8_t)(j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4);
+    return (int8_t)((s | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
+}
+
+static void q3_k_store(const float *x, uint8_t *y, const int8_t *l6, uint16_t d16, int8_t *L) {
+    uint8_t *hmask = y, *qs = y + 32;
+    const float dd = q3_k_put_scales(y, l6, d16);
     for (int j = 0; j < 16; ++j) {
-        int8_t s = (int8_t)(j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4);
-        s = (int8_t)((s | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
-        float d = dd * s;
+        float d = dd * q3_k_scale(y + 96, j);
         if (!d) continue;
         for (int ii = 0; ii < 16; ++ii) {
             int l = nearest_int(x[16 * j + ii] / d);
@@ -438,21 +448,23 @@ static void q3_k_store(const float *x, uint8_t *y, const int8_t *l6, uint16_t d1
     two_bit_planes(U, qs);
 }
 
-static void q3_k_finish(const float *x, uint8_t *y, const float *scales, int8_t *L) {
+/* The 16 sub-block scales quantized to 6 bits (l6: stored values 0..63) under an F16 d. */
+static inline uint16_t q3_k_scales6(const float *scales, int8_t *l6) {
     float max_scale;
     absmax(16, scales, &max_scale);
-    int8_t l6[16] = {0};
-    uint16_t d16;
-    if (max_scale) {
-        float iscale = -32.f / max_scale;
-        for (int j = 0; j < 16; ++j) {
-            int8_t l = (int8_t)nearest_int(iscale * scales[j]);
-            l6[j] = (int8_t)(MAX(-32, MIN(31, l)) + 32);
-        }
-        d16 = f32_to_f16(1 / iscale);
-    } else {
-        d16 = f32_to_f16(0.f);
+    memset(l6, 0, 16);
+    if (!max_scale) return f32_to_f16(0.f);
+    float iscale = -32.f / max_scale;
+    for (int j = 0; j < 16; ++j) {
+        int8_t l = (int8_t)nearest_int(iscale * scales[j]);
+        l6[j] = (int8_t)(MAX(-32, MIN(31, l)) + 32);
     }
+    return f32_to_f16(1 / iscale);
+}
+
+static void q3_k_finish(const float *x, uint8_t *y, const float *scales, int8_t *L) {
+    int8_t l6[16];
+    const uint16_t d16 = q3_k_scales6(scales, l6);
     q3_k_store(x, y, l6, d16, L);
 }
 
@@ -841,6 +853,8 @@ static void q6_k_w(const float *x, const float *qw, uint8_t *y) {
 #endif
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint8_t v32b __attribute__((vector_size(32)));
+typedef float v8fu __attribute__((vector_size(32), aligned(4))); /* an unaligned load */
 
 #define AI static inline __attribute__((always_inline))
 
@@ -1029,6 +1043,45 @@ AI void q2_k_lanes(const float *x, uint8_t *y) {
     q2_k_finish(x, y, scales, mins, L);
 }
 
+/* q3_k_store on lanes (issue 45 item 5: the scalar store, a division and a data-dependent branch
+ * per element, took most of Q3_K's time): the same binary32 quotient x / d and nearest_int per
+ * element, 8 at a time, and the hmask / 2-bit planes built 32 codes at a time without branches
+ * (codes are 0..7: bit 2 goes to hmask, bits 0-1 to the planes, as the scalar v > 3 / v - 4). */
+typedef int8_t v8s8 __attribute__((vector_size(8)));
+AI void q3_k_store_lanes(const float *x, uint8_t *y, const int8_t *l6, uint16_t d16, int8_t *L) {
+    uint8_t *hmask = y, *qs = y + 32;
+    const float dd = q3_k_put_scales(y, l6, d16);
+    for (int j = 0; j < 16; ++j) {
+        const float d = dd * q3_k_scale(y + 96, j);
+        if (!d) continue;
+        for (int h = 0; h < 2; ++h) {
+            const v8f xv = *(const v8fu *)(x + 16 * j + 8 * h);
+            const v8i l = iclamp(vnearest(xv / vsplat(d)), -4, 3) + isplat(4);
+            const v8s8 b = __builtin_convertvector(l, v8s8);
+            memcpy(L + 16 * j + 8 * h, &b, 8);
+        }
+    }
+    v32b H = {0}, U[8];
+    for (int r = 0; r < 8; ++r) {
+        v32b v;
+        memcpy(&v, L + 32 * r, 32);
+        H |= ((v >> 2) & 1) << r;
+        U[r] = v & 3;
+    }
+    memcpy(hmask, &H, 32);
+    for (int a = 0; a < 2; ++a) {
+        const v32b q = U[4 * a] | (U[4 * a + 1] << 2) | (U[4 * a + 2] << 4) | (U[4 * a + 3] << 6);
+        memcpy(qs + 32 * a, &q, 32);
+    }
+}
+
+/* q3_k_finish with the store above. */
+AI void q3_k_finish_lanes(const float *x, uint8_t *y, const float *scales, int8_t *L) {
+    int8_t l6[16];
+    const uint16_t d16 = q3_k_scales6(scales, l6);
+    q3_k_store_lanes(x, y, l6, d16, L);
+}
+
 /* Q3_K (make_q3_quants, nmax 4) and Q6_K (make_qx_quants, nmax 32): 16 sub-blocks of 16, two
  * groups of 8 lanes, then the scalar finish. */
 AI void signed_k_lanes(const float *x, uint8_t *y, int q6) {
@@ -1047,7 +1100,7 @@ AI void signed_k_lanes(const float *x, uint8_t *y, int q6) {
     if (q6)
         q6_k_finish(x, y, scales, L);
     else
-        q3_k_finish(x, y, scales, L);
+        q3_k_finish_lanes(x, y, scales, L);
 }
 
 AI void q3_k_lanes(const float *x, uint8_t *y) { signed_k_lanes(x, y, 0); }
@@ -1113,8 +1166,6 @@ AI void q8_0_lanes(const float *x, uint8_t *y) {
  * The codes are converted directly where every lane's value is in int32's range and the
  * out-of-range lanes (NaN or Inf scale: blocks of values below ~1e-38) get x86's INT_MIN, as
  * trunc_i32 gives them, so no per-element branch stops the vectorizer. */
-typedef uint8_t v32b __attribute__((vector_size(32)));
-typedef float v8fu __attribute__((vector_size(32), aligned(4))); /* an unaligned load */
 
 /* The 32 values of a block as 4 vectors, loaded straight into registers (a memcpy to the stack
  * and back stalls on store forwarding). */
@@ -1342,6 +1393,74 @@ static void weighted_lanes(int t, const float *x, const float *qw, Py_ssize_t ro
     weighted_body(t, x, qw, rows, n, y, 1);
 }
 
+/* -- the packed code component, written with the blocks (issue 45 item 5) ---------------------
+ * scheme gguf's ``codes`` component is every block's codes packed least significant bits first,
+ * rows of whole blocks, as extract_packed reads them out of the blocks; for Q4_0 / Q4_1 (4 bits),
+ * Q5_0 / Q5_1 (5) and Q3_K (3) quantize writes it too, from each block's bytes while they are in
+ * cache, so the blocks are not read a second time.  count * bits is a whole number of bytes for
+ * these types: a block's codes are codes_bytes() bytes at that block's offset. */
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+typedef uint64_t v4u64 __attribute__((vector_size(32)));
+
+/* Bytes of a block's packed codes (0: not written by quantize). */
+static int codes_bytes(const char *name) {
+    if (!strcmp(name, "Q4_0") || !strcmp(name, "Q4_1")) return 16;
+    if (!strcmp(name, "Q5_0") || !strcmp(name, "Q5_1")) return 20;
+    if (!strcmp(name, "Q3_K")) return 96;
+    return 0;
+}
+
+/* 32 codes c (bytes, element order; only the low `bits` bits kept) packed lsb first into 4 * bits
+ * bytes at out: pairs into 16-bit lanes, those into 32-bit lanes, those into 64-bit lanes
+ * (8 codes: `bits` bytes at the bottom of each 64-bit lane), then the lanes' low bytes. */
+AI void pack_codes32(v32b c, int bits, uint8_t *out) {
+    const uint16_t m = (uint16_t)((1u << bits) - 1u);
+    v16u16 w = (v16u16)c;
+    w = (w & m) | ((w >> (8 - bits)) & (uint16_t)(m << bits));
+    if (bits == 4) {
+        const v32b b = __builtin_shuffle((v32b)w, (v32b){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+                                                       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+        memcpy(out, &b, 16);
+        return;
+    }
+    v8u32 u = (v8u32)w;
+    u = (u & ((1u << 2 * bits) - 1u)) | ((u >> (16 - 2 * bits)) & (((1u << 2 * bits) - 1u) << 2 * bits));
+    v4u64 z = (v4u64)u;
+    z = (z & ((1ull << 4 * bits) - 1ull)) | ((z >> (32 - 4 * bits)) & (((1ull << 4 * bits) - 1ull) << 4 * bits));
+    uint8_t tmp[32];
+    memcpy(tmp, &z, 32);
+    for (int k = 0; k < 4; ++k) memcpy(out + bits * k, tmp + 8 * k, (size_t)bits);
+}
+
+/* The packed codes of one block of the named kind (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q3_K) read
+ * from its bytes blk: the runs of qformat.convert.gguf's layout (low nibbles, high nibbles, the
+ * fifth bits of qh; Q3_K's 2-bit planes and hmask bit). */
+AI void codes_from_block(int kind, const uint8_t *blk, uint8_t *out) {
+    if (kind == 4) {
+        v32b H, Q[2];
+        memcpy(&H, blk, 32);
+        memcpy(Q, blk + 32, 64);
+        for (int r = 0; r < 8; ++r) {
+            const v32b c = ((Q[r / 4] >> (2 * (r % 4))) & 3) | (((H >> r) & 1) << 2);
+            pack_codes32(c, 3, out + 12 * r);
+        }
+        return;
+    }
+    const int five = kind >= 2, hdr = (kind & 1) ? 4 : 2;
+    const uint8_t *qs = blk + hdr + (five ? 4 : 0);
+    uint8_t c[32];
+    uint32_t qh = 0;
+    if (five) qh = (uint32_t)blk[hdr] | ((uint32_t)blk[hdr + 1] << 8) | ((uint32_t)blk[hdr + 2] << 16) | ((uint32_t)blk[hdr + 3] << 24);
+    for (int j = 0; j < 16; ++j) {
+        c[j] = (uint8_t)((qs[j] & 0xF) | (((qh >> j) & 1) << 4));
+        c[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+    }
+    v32b cv;
+    memcpy(&cv, c, 32);
+    pack_codes32(cv, five ? 5 : 4, out);
+}
+
 /* Source element kinds: the input rows as stored (the checkpoint's float16 or bfloat16 read
  * without a float32 copy of the whole tensor). */
 enum { SRC_F32 = 0, SRC_F16 = 1, SRC_BF16 = 2 };
@@ -1351,6 +1470,173 @@ enum { SRC_F32 = 0, SRC_F16 = 1, SRC_BF16 = 2 };
 /* F16C conversion of n (a multiple of 8) binary16 values: exact, as f16_to_f32. */
 __attribute__((target("avx2,f16c"))) static void f16_block_f16c(const uint16_t *h, float *o, int n) {
     for (int i = 0; i < n; i += 8) _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+}
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+/* Q4_0 / Q5_0 (with_min 0) and Q4_1 / Q5_1 (1) of float32 blocks, 8 blocks at a time in AVX2
+ * (issue 45 item 5), and their packed codes when `codes` is given.  The per-block statistics (the
+ * largest and smallest value, NaN skipped: vmaxps / vminps with the value as first operand
+ * return the other one for a NaN) are reduced for 8 blocks at once, so d, 1 / d and the F16
+ * conversions run on 8 lanes; each lane performs exactly the scalar function's binary32
+ * operations.  Where the scalar loop's order matters the lane takes the scalar rule: Q4_0's
+ * first value of the largest magnitude when +m and -m both occur, Q4_1's signed zeros.  The codes:
+ * vcvttps2dq is trunc_i32 (INT_MIN for NaN and out of range), the low byte is the (int8_t) /
+ * (uint8_t) cast, vpminsb the MIN(top, .).  Returns the blocks done (a multiple of 8); *amax grows
+ * to the largest magnitude, as block_f32 computes it. */
+__attribute__((target("avx2,f16c"))) static inline __m256 hred8(const __m256 *v, int mx) {
+    __m256 q[2];
+    for (int h = 0; h < 2; ++h) {
+        __m256 m[2];
+        for (int p = 0; p < 2; ++p) {
+            const __m256 a = v[4 * h + 2 * p], b = v[4 * h + 2 * p + 1];
+            const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+            m[p] = mx ? _mm256_max_ps(lo, hi) : _mm256_min_ps(lo, hi);
+        }
+        const __m256 lo = _mm256_shuffle_ps(m[0], m[1], 0x44), hi = _mm256_shuffle_ps(m[0], m[1], 0xEE);
+        q[h] = mx ? _mm256_max_ps(lo, hi) : _mm256_min_ps(lo, hi);
+    }
+    const __m256 lo = _mm256_permute2f128_ps(q[0], q[1], 0x20), hi = _mm256_permute2f128_ps(q[0], q[1], 0x31);
+    return mx ? _mm256_max_ps(lo, hi) : _mm256_min_ps(lo, hi);
+}
+
+__attribute__((target("avx2,f16c"))) static Py_ssize_t legacy_avx2(const float *x, uint8_t *y, uint8_t *codes, uint16_t *dp, uint16_t *mp,
+                                                                Py_ssize_t nb, int bits, int with_min, float *amax) {
+    const int nmax = 1 << (bits - 1), size = (with_min ? 4 : 2) + (bits == 5 ? 4 : 0) + 16, cb = 4 * bits;
+    const __m256 lo_init = _mm256_set1_ps(with_min ? 3.402823466e+38f : INFINITY);
+    const __m256 hi_init = _mm256_set1_ps(with_min ? -3.402823466e+38f : -INFINITY);
+    const __m256 sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), lowbyte = _mm256_set1_epi32(0xFF);
+    const __m256i top = _mm256_set1_epi8((char)((1 << bits) - 1));
+    const __m256 off = _mm256_set1_ps(with_min ? 0.5f : (float)nmax + 0.5f);
+    const __m256 div = _mm256_set1_ps(with_min ? (float)((1 << bits) - 1) : (float)-nmax);
+    __m256 run = _mm256_set1_ps(*amax);
+    Py_ssize_t b0 = 0;
+    for (; b0 + 8 <= nb; b0 += 8) {
+        const float *xb = x + QK * b0;
+        __m256 P[8], N[8];
+        for (int k = 0; k < 8; ++k) {
+            const float *v = xb + QK * k;
+            const __m256 x0 = _mm256_loadu_ps(v), x1 = _mm256_loadu_ps(v + 8), x2 = _mm256_loadu_ps(v + 16), x3 = _mm256_loadu_ps(v + 24);
+            P[k] = _mm256_max_ps(_mm256_max_ps(x2, _mm256_max_ps(x0, hi_init)), _mm256_max_ps(x3, _mm256_max_ps(x1, hi_init)));
+            N[k] = _mm256_min_ps(_mm256_min_ps(x2, _mm256_min_ps(x0, lo_init)), _mm256_min_ps(x3, _mm256_min_ps(x1, lo_init)));
+        }
+        __m256 mx = hred8(P, 1), mn = hred8(N, 0);
+        const __m256 A = _mm256_max_ps(mx, _mm256_xor_ps(mn, sign)); /* the largest magnitude, NaN skipped */
+        run = _mm256_max_ps(A, run);
+        float mxa[8], mna[8];
+        _mm256_storeu_ps(mxa, mx);
+        _mm256_storeu_ps(mna, mn);
+        __m256 d, m = zero;
+        if (!with_min) {
+            const __m256 pos = _mm256_cmp_ps(mx, A, _CMP_EQ_OQ), neg = _mm256_cmp_ps(_mm256_xor_ps(mn, sign), A, _CMP_EQ_OQ);
+            const __m256 valid = _mm256_cmp_ps(A, zero, _CMP_GT_OQ);
+            __m256 mv = _mm256_and_ps(valid, _mm256_blendv_ps(mn, mx, pos));
+            const int tie = _mm256_movemask_ps(_mm256_and_ps(valid, _mm256_and_ps(pos, neg)));
+            if (tie) { /* +m and -m both: the first of them, as q4_0_like's loop */
+                float mv_a[8];
+                _mm256_storeu_ps(mv_a, mv);
+                for (int k = 0; k < 8; ++k) {
+                    if (!((tie >> k) & 1)) continue;
+                    float am = 0.0f, v = 0.0f;
+                    for (int j = 0; j < QK; j++)
+                        if (am < fabsf(xb[QK * k + j])) {
+                            am = fabsf(xb[QK * k + j]);
+                            v = xb[QK * k + j];
+                        }
+                    mv_a[k] = v;
+                }
+                mv = _mm256_loadu_ps(mv_a);
+            }
+            d = _mm256_div_ps(mv, div);
+        } else {
+            const int z = _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(mx, zero, _CMP_EQ_OQ), _mm256_cmp_ps(mn, zero, _CMP_EQ_OQ)));
+            if (z) { /* a zero is the min or max: which zero's sign, the scalar loop's order decides */
+                for (int k = 0; k < 8; ++k) {
+                    if (!((z >> k) & 1)) continue;
+                    float lo = 3.402823466e+38f, hi = -3.402823466e+38f;
+                    for (int j = 0; j < QK; j++) {
+                        if (xb[QK * k + j] < lo) lo = xb[QK * k + j];
+                        if (xb[QK * k + j] > hi) hi = xb[QK * k + j];
+                    }
+                    mna[k] = lo;
+                    mxa[k] = hi;
+                }
+                mx = _mm256_loadu_ps(mxa);
+                mn = _mm256_loadu_ps(mna);
+            }
+            m = mn;
+            d = _mm256_div_ps(_mm256_sub_ps(mx, mn), div);
+        }
+        const __m256 id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), _mm256_cmp_ps(d, zero, _CMP_NEQ_UQ));
+        uint16_t dh[8], mh[8];
+        _mm_storeu_si128((__m128i *)dh, _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
+        _mm_storeu_si128((__m128i *)mh, _mm256_cvtps_ph(m, _MM_FROUND_TO_NEAREST_INT));
+        float ida[8], ma[8];
+        _mm256_storeu_ps(ida, id);
+        _mm256_storeu_ps(ma, m);
+        const int nan = _mm256_movemask_ps(_mm256_cmp_ps(d, d, _CMP_UNORD_Q)) | _mm256_movemask_ps(_mm256_cmp_ps(m, m, _CMP_UNORD_Q));
+        if (nan) { /* a NaN's F16 bits as f32_to_f16 writes them */
+            float da[8];
+            _mm256_storeu_ps(da, d);
+            for (int k = 0; k < 8; ++k) {
+                dh[k] = f32_to_f16(da[k]);
+                mh[k] = f32_to_f16(ma[k]);
+            }
+        }
+        if (dp) memcpy(dp + b0, dh, 16);
+        if (mp) memcpy(mp + b0, mh, 16);
+        for (int k = 0; k < 8; ++k) {
+            const float *v = xb + QK * k;
+            uint8_t *o = y + size * (b0 + k);
+            const __m256 idk = _mm256_set1_ps(ida[k]), mk = _mm256_set1_ps(ma[k]);
+            __m256i t[4];
+            for (int g = 0; g < 4; ++g) {
+                __m256 xv = _mm256_loadu_ps(v + 8 * g);
+                if (with_min) xv = _mm256_sub_ps(xv, mk);
+                t[g] = _mm256_and_si256(_mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(xv, idk), off)), lowbyte);
+            }
+            __m256i q = _mm256_packus_epi16(_mm256_packus_epi32(t[0], t[1]), _mm256_packus_epi32(t[2], t[3]));
+            q = _mm256_permutevar8x32_epi32(q, order); /* the 32 low bytes, element order */
+            if (!with_min || bits == 4) q = _mm256_min_epi8(q, top);
+            memcpy(o, &dh[k], 2);
+            if (with_min) memcpy(o + 2, &mh[k], 2);
+            uint8_t *qs = o + (with_min ? 4 : 2);
+            if (bits == 5) {
+                const uint32_t qh = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(q, 3)); /* bit 4 of each code */
+                memcpy(qs, &qh, 4);
+                qs += 4;
+            }
+            const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+            const __m128i nib = _mm_set1_epi8(0x0F);
+            _mm_storeu_si128((__m128i *)qs, _mm_or_si128(_mm_and_si128(lo, nib), _mm_andnot_si128(nib, _mm_slli_epi16(hi, 4))));
+            if (codes) {
+                uint8_t *c = codes + cb * (b0 + k);
+                if (bits == 4) {
+                    const __m256i w = _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi16(0x000F)),
+                                                      _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi16(0x00F0)));
+                    _mm_storeu_si128((__m128i *)c, _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+                } else {
+                    __m256i w = _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi16(0x001F)),
+                                                _mm256_and_si256(_mm256_srli_epi16(q, 3), _mm256_set1_epi16(0x03E0)));
+                    w = _mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi32(0x3FF)), _mm256_and_si256(_mm256_srli_epi32(w, 6), _mm256_set1_epi32(0xFFC00)));
+                    w = _mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi64x(0xFFFFF)),
+                                        _mm256_and_si256(_mm256_srli_epi64(w, 12), _mm256_set1_epi64x(0xFFFFF00000ll)));
+                    w = _mm256_shuffle_epi8(w, _mm256_setr_epi8(0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 0, 0, 0, 0, 0, 0,
+                                                                0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 0, 0, 0, 0, 0, 0));
+                    const __m128i h1 = _mm256_extracti128_si256(w, 1);
+                    _mm_storeu_si128((__m128i *)c, _mm256_castsi256_si128(w)); /* bytes 10..15 rewritten next */
+                    _mm_storel_epi64((__m128i *)(c + 10), h1);
+                    const uint16_t last = (uint16_t)_mm_extract_epi16(h1, 4);
+                    memcpy(c + 18, &last, 2);
+                }
+            }
+        }
+    }
+    float r[8];
+    _mm256_storeu_ps(r, run);
+    for (int k = 0; k < 8; ++k) *amax = MAX(*amax, r[k]);
+    return b0;
 }
 #endif
 
@@ -1382,12 +1668,12 @@ static __attribute__((noinline)) const float *block_f32(const void *x, int src, 
         }
         xb = buf;
     }
-    /* MAX(m, |v|) skips NaN and is otherwise order-free: 8 running maxima, not one 32- or
-     * 256-long dependency chain (block is a multiple of 8). */
+    /* MAX(|v|, m) skips NaN (|v| > m is false) and is otherwise order-free: 8 running maxima,
+     * not one 32- or 256-long dependency chain (block is a multiple of 8). */
     float m[8], r = *amax;
     for (int k = 0; k < 8; ++k) m[k] = r;
     for (int j = 0; j < block; j += 8)
-        for (int k = 0; k < 8; ++k) m[k] = MAX(m[k], fabsf(xb[j + k]));
+        for (int k = 0; k < 8; ++k) m[k] = MAX(fabsf(xb[j + k]), m[k]);
     /* all non-NaN and >= +0: the tree's result equals the chain's */
     *amax = MAX(MAX(MAX(m[0], m[1]), MAX(m[2], m[3])), MAX(MAX(m[4], m[5]), MAX(m[6], m[7])));
     return xb;
@@ -1396,7 +1682,8 @@ static __attribute__((noinline)) const float *block_f32(const void *x, int src, 
 /* The block loop of one type at one level: 0 the scalar functions, 1 the lane functions (in
  * the function's own ISA: baseline in run_lanes, AVX2 in run_lanes_avx2); returns the input's
  * largest magnitude (for the caller's range check). */
-AI float run_body(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb, int lanes, int f16c) {
+AI float run_body(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb, int lanes, int f16c, uint8_t *codes, uint16_t *dp,
+                 uint16_t *mp) {
     const int block = TYPES[t].block, size = TYPES[t].size;
     const char *n = TYPES[t].name;
     int lk = 0; /* which lane function: each called by name in its own loop, inlined in this ISA */
@@ -1406,8 +1693,29 @@ AI float run_body(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb, int 
         for (int k = 0; k < 10; ++k)
             if (!strcmp(n, lane_types[k])) lk = k + 1;
     }
-#define QF_BLOCKS(fn) \
-    for (Py_ssize_t i = 0; i < nb; i++) fn(block_f32(x, src, i, block, buf, f16c, &amax), y + i * size)
+    int ck = -1; /* codes_from_block's kind, where codes are written */
+    const int cb = codes ? codes_bytes(n) : 0;
+    if (cb) {
+        static const char *const code_types[] = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q3_K"};
+        for (int k = 0; k < 5; ++k)
+            if (!strcmp(n, code_types[k])) ck = k;
+    }
+    Py_ssize_t i0 = 0;
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    if (f16c && src == SRC_F32 && lk >= 7) /* the legacy types in AVX2, 8 blocks at a time */
+        i0 = legacy_avx2((const float *)x, y, codes, dp, mp, nb, lk <= 8 ? (lk == 7 ? 4 : 5) : (lk == 9 ? 4 : 5), lk >= 9, &amax);
+#endif
+    const int extras = ck >= 0 || dp || mp; /* the block loop without them where none is asked for */
+#define QF_BLOCKS(fn)                                                                          \
+    if (!extras)                                                                               \
+        for (Py_ssize_t i = i0; i < nb; i++) fn(block_f32(x, src, i, block, buf, f16c, &amax), y + i * size); \
+    else                                                                                       \
+        for (Py_ssize_t i = i0; i < nb; i++) {                                                 \
+            fn(block_f32(x, src, i, block, buf, f16c, &amax), y + i * size);                   \
+            if (ck >= 0) codes_from_block(ck, y + i * size, codes + i * cb);                   \
+            if (dp) memcpy(dp + i, y + i * size, 2);                                            \
+            if (mp) memcpy(mp + i, y + i * size + 2, 2);                                        \
+        }
     switch (lk) {
     case 1: QF_BLOCKS(q2_k_lanes); break;
     case 2: QF_BLOCKS(q3_k_lanes); break;
@@ -1425,12 +1733,17 @@ AI float run_body(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb, int 
     return amax;
 }
 
-static float run_scalar(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb) { return run_body(t, x, src, y, nb, 0, 0); }
-static float run_lanes(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb) { return run_body(t, x, src, y, nb, 1, 0); }
+static float run_scalar(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb, uint8_t *c, uint16_t *dp, uint16_t *mp) {
+    return run_body(t, x, src, y, nb, 0, 0, c, dp, mp);
+}
+static float run_lanes(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb, uint8_t *c, uint16_t *dp, uint16_t *mp) {
+    return run_body(t, x, src, y, nb, 1, 0, c, dp, mp);
+}
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define QF_X86 1
-__attribute__((target("avx2,f16c"))) static float run_lanes_avx2(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb) {
-    return run_body(t, x, src, y, nb, 1, 1);
+__attribute__((target("avx2,f16c"))) static float run_lanes_avx2(int t, const void *x, int src, uint8_t *y, Py_ssize_t nb, uint8_t *c,
+                                                                  uint16_t *dp, uint16_t *mp) {
+    return run_body(t, x, src, y, nb, 1, 1, c, dp, mp);
 }
 __attribute__((target("avx2,f16c"))) static void weighted_lanes_avx2(int t, const float *x, const float *qw, Py_ssize_t rows, Py_ssize_t n,
                                                                 uint8_t *y) {
@@ -1448,17 +1761,32 @@ static int best_level(void) { return 0; }
 static int max_level(void) { return 1; }
 #endif
 
-/* quantize(type, x, out[, level[, src]]): x a C-contiguous buffer of whole blocks of float32
- * (src 0, the default), float16 (1) or bfloat16 (2) values, out a writable buffer of exactly the
- * blocks' bytes; level 0 the scalar functions, 1 the lane functions in the baseline ISA, 2 in
- * AVX2, -1 (default) best_level().  Every level and source kind writes the same bytes for the
- * same values (tests compare them all).  Returns the input's largest magnitude. */
+/* quantize(type, x, out[, level[, src[, codes[, d[, m]]]]]): x a C-contiguous buffer of whole
+ * blocks of float32 (src 0, the default), float16 (1) or bfloat16 (2) values, out a writable
+ * buffer of exactly the blocks' bytes; level 0 the scalar functions, 1 the lane functions in the
+ * baseline ISA, 2 in AVX2, -1 (default) best_level().  codes (None or a writable buffer of
+ * exactly codes_bytes() per block; Q4_0, Q4_1, Q5_0, Q5_1 and Q3_K only): also the blocks' packed
+ * codes, the bytes extract_packed reads out of them for rows of whole blocks; d and m (None or
+ * writable buffers of 2 bytes per block; Q4_0, Q4_1, Q5_0, Q5_1, m only Q4_1 and Q5_1): the
+ * blocks' F16 d and m, as stored in them.  Every level and source kind writes the same bytes for
+ * the same values (tests compare them all).  Returns the input's largest magnitude (NaN
+ * skipped). */
 static PyObject *py_quantize(PyObject *self, PyObject *args) {
     const char *name;
-    Py_buffer xb, yb;
+    Py_buffer xb, yb, cbuf = {0}, dbuf = {0}, mbuf = {0};
     int level = -1, src = SRC_F32;
+    PyObject *co = Py_None, *dobj = Py_None, *mobj = Py_None;
     (void)self;
-    if (!PyArg_ParseTuple(args, "sy*w*|ii", &name, &xb, &yb, &level, &src)) return NULL;
+    if (!PyArg_ParseTuple(args, "sy*w*|iiOOO", &name, &xb, &yb, &level, &src, &co, &dobj, &mobj)) return NULL;
+    if ((co != Py_None && PyObject_GetBuffer(co, &cbuf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) ||
+        (dobj != Py_None && PyObject_GetBuffer(dobj, &dbuf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) ||
+        (mobj != Py_None && PyObject_GetBuffer(mobj, &mbuf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)) {
+        PyBuffer_Release(&xb);
+        PyBuffer_Release(&yb);
+        if (cbuf.buf != NULL) PyBuffer_Release(&cbuf);
+        if (dbuf.buf != NULL) PyBuffer_Release(&dbuf);
+        return NULL;
+    }
     int t = -1;
     for (size_t k = 0; k < sizeof TYPES / sizeof TYPES[0]; k++)
         if (strcmp(name, TYPES[k].name) == 0) t = (int)k;
@@ -1475,25 +1803,36 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "the input is not whole blocks");
     } else if (yb.len != xb.len / (esize * TYPES[t].block) * TYPES[t].size) {
         PyErr_SetString(PyExc_ValueError, "the output buffer does not hold exactly the blocks");
+    } else if (cbuf.buf != NULL && !codes_bytes(TYPES[t].name)) {
+        PyErr_Format(PyExc_ValueError, "quantize writes no codes for type %s", name);
+    } else if (cbuf.buf != NULL && cbuf.len != xb.len / (esize * TYPES[t].block) * codes_bytes(TYPES[t].name)) {
+        PyErr_SetString(PyExc_ValueError, "the codes buffer does not hold exactly the blocks' codes");
+    } else if ((dbuf.buf != NULL && (t > 3 || dbuf.len != xb.len / (esize * QK) * 2)) ||
+               (mbuf.buf != NULL && (t != 1 && t != 3 ? 1 : mbuf.len != xb.len / (esize * QK) * 2))) {
+        PyErr_Format(PyExc_ValueError, "quantize writes no such d / m for type %s, or a buffer is not 2 bytes a block", name);
     } else {
         const Py_ssize_t nb = xb.len / (esize * TYPES[t].block);
-        uint8_t *y = (uint8_t *)yb.buf;
+        uint8_t *y = (uint8_t *)yb.buf, *c = (uint8_t *)cbuf.buf;
+        uint16_t *dp = (uint16_t *)dbuf.buf, *mp = (uint16_t *)mbuf.buf;
         float amax;
         Py_BEGIN_ALLOW_THREADS
 #if QF_X86
         if (level == 2)
-            amax = run_lanes_avx2(t, xb.buf, src, y, nb);
+            amax = run_lanes_avx2(t, xb.buf, src, y, nb, c, dp, mp);
         else
 #endif
         if (level == 1)
-            amax = run_lanes(t, xb.buf, src, y, nb);
+            amax = run_lanes(t, xb.buf, src, y, nb, c, dp, mp);
         else
-            amax = run_scalar(t, xb.buf, src, y, nb);
+            amax = run_scalar(t, xb.buf, src, y, nb, c, dp, mp);
         Py_END_ALLOW_THREADS
         ret = PyFloat_FromDouble(amax);
     }
     PyBuffer_Release(&xb);
     PyBuffer_Release(&yb);
+    if (cbuf.buf != NULL) PyBuffer_Release(&cbuf);
+    if (dbuf.buf != NULL) PyBuffer_Release(&dbuf);
+    if (mbuf.buf != NULL) PyBuffer_Release(&mbuf);
     return ret;
 }
 
@@ -1980,8 +2319,8 @@ static PyObject *py_best_level(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"quantize", py_quantize, METH_VARARGS,
-     "quantize(type, x, out[, level[, src]]): ggml's reference blocks of x (float32, float16 or bfloat16) into out; "
-     "returns the largest magnitude of x."},
+     "quantize(type, x, out[, level[, src[, codes]]]): ggml's reference blocks of x (float32, float16 or bfloat16) into out "
+     "(and, for Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, their packed codes into codes); returns the largest magnitude of x."},
     {"quantize_weighted", py_quantize_weighted, METH_VARARGS,
      "quantize_weighted(type, x, importance, out): rows of float32 x as ggml's quantize_<type> with quant_weights."},
     {"unpack", py_unpack, METH_VARARGS,

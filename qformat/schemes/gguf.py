@@ -164,6 +164,23 @@ def _native_has(t: str) -> bool:
     return True
 
 
+#: The packed ``codes`` component's bits for the types whose codes ``_ggml.quantize`` writes along
+#: with the blocks (issue 45 item 5: read out of the blocks afterwards they cost as much as the
+#: quantizing); the bytes ``_ggml.extract_packed`` gives (tests compare them).
+_FUSED_CODES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q3_K": 3}
+
+
+@functools.lru_cache(maxsize=None)
+def _writes_codes(ext: Any) -> bool:
+    """Whether the extension module ``ext``'s quantize takes the codes buffer (one built before
+    issue 45 item 5 refuses it; then the codes are read out of the blocks)."""
+    try:
+        ext.quantize("Q4_0", np.zeros(32, np.float32), np.empty(18, np.uint8), -1, 0, np.empty(16, np.uint8))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _check_finite(blocks: np.ndarray, t: str, shape: tuple[int, ...]) -> None:
     """ENCODE_INPUT_INVALID when a block's F16 ``d`` / ``m`` / ``dmin`` overflowed (values
     beyond what the type's F16 parameters can scale; ggml would write Inf there and its own
@@ -237,6 +254,18 @@ def encode(x: np.ndarray, *, dtype: str, type: Any = "Q4_K", importance: Any = N
             raise error("ENCODE_INPUT_INVALID", f"type {t}: values of magnitude {top:.4g} overflow ggml's quantizers (squares beyond "
                         f"binary32, F16 scales beyond 65504); they take magnitudes below {MAX_MAGNITUDE:.4g}")
 
+    # the packed codes written by the quantizer with the blocks, where it can (else read out of
+    # the blocks below, by _native_fields or the converter's producers: the same bytes)
+    codes = d = m = None
+    if (qw is None and t in _FUSED_CODES and per_row and rows.shape[0] and rows.dtype.name in kernels._GGML_SOURCES
+            and kernels.ggml_available() and _writes_codes(kernels._ggml)):
+        codes = np.empty((rows.shape[0], shape[-1] * _FUSED_CODES[t] // 8), np.uint8)
+        if block == 32:  # and the F16 block parameters, the scale and bias components' bytes
+            d = np.empty((rows.shape[0], shape[-1] // block), np.float16)
+            m = np.empty_like(d) if t in ("Q4_1", "Q5_1") else None
+
+    tops: list[float] = []  # the fused path's largest magnitudes, one per part
+
     def part(lo: int, hi: int) -> None:
         if hi == lo or per_row == 0:
             return
@@ -244,7 +273,14 @@ def encode(x: np.ndarray, *, dtype: str, type: Any = "Q4_K", importance: Any = N
         if qw is None and native and rows.dtype.name in ("float32", "float16", "bfloat16"):
             # the C kernel reads float16 / bfloat16 rows as stored (exact in binary32) and
             # returns their largest magnitude: one pass over the source, no float32 copy
-            too_large(kernels.ggml_quantize(t, np.ascontiguousarray(rows[lo:hi]), blocks[lo:hi]))
+            xr = np.ascontiguousarray(rows[lo:hi])
+            if codes is not None:
+                top = kernels._ggml.quantize(t, xr, blocks[lo:hi], -1, kernels._GGML_SOURCES[xr.dtype.name], codes[lo:hi],
+                                             None if d is None else d[lo:hi], None if m is None else m[lo:hi])
+                too_large(top)
+                tops.append(top)
+            else:
+                too_large(kernels.ggml_quantize(t, xr, blocks[lo:hi]))
             return
         xr = np.asarray(rows[lo:hi], np.float32)  # binary32, as ggml reads its rows
         too_large(max(float(xr.max()), -float(xr.min())))  # no |x| temporary
@@ -264,19 +300,30 @@ def encode(x: np.ndarray, *, dtype: str, type: Any = "Q4_K", importance: Any = N
             blocks[lo:hi] = quantize_blocks(xr.reshape(-1, block), t).reshape(hi - lo, per_row)
 
     _run_chunks(part, rows.shape[0], shape[-1])
-    _check_finite(blocks.reshape(-1, size), t, shape)
+    # The F16 parameters of these types are bounded by the input: |d| <= 2 max|x| / 15 and
+    # |m| <= max|x| (Q4_1, Q5_1), |d| <= max|x| / 8 (Q4_0, Q5_0), and Q3_K's d about max|x| / 32
+    # (each sub-block scale sum(w x l) / sum(w l^2) is at most max|x| as |l| <= l^2): below
+    # 1024 none reaches F16's 65504, so the blocks need no second look.
+    if codes is None or len(tops) == 0 or not max(tops) < 1024.0:
+        _check_finite(blocks.reshape(-1, size), t, shape)
     desc, comps = _described(shape, t, blocks.reshape(-1))
     desc["dtype"] = dtype
-    fast = _native_fields(t, shape, blocks.reshape(-1, size), comps)
+    done = {}
+    for local, a, dt in (("codes", codes, "U8"), ("scale", d, "F16"), ("bias", m, "F16")):
+        c = comps.get(local)
+        if a is not None and c is not None and c.spec.dtype == dt and tuple(c.spec.shape) == tuple(shape[:-1]) + a.shape[1:]:
+            done[local] = a.reshape(c.spec.shape)
+    fast = {**_native_fields(t, shape, blocks.reshape(-1, size), comps, skip=tuple(done)), **done}
     return QTensor(desc, {k: fast[k] if k in fast else c.produce() for k, c in comps.items()})
 
 
-def _native_fields(t: str, shape: tuple[int, ...], blocks: np.ndarray, comps: dict[str, Any]) -> dict[str, np.ndarray]:
+def _native_fields(t: str, shape: tuple[int, ...], blocks: np.ndarray, comps: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """The packed code components (``codes``, and a K-quant's ``scale.codes`` / ``bias.codes``)
     read out of the blocks by ``_ggml.extract_packed`` in one pass, where the native extension has
     it: the bytes the converter's producers give (``_Field.extract_packed``; tests compare them),
     about 5x faster for the 5-bit types.  Empty (the converter's producers run) for another type,
-    without the extension, or where a component's shape is not the packed rows this expects."""
+    without the extension, or where a component's shape is not the packed rows this expects;
+    the components named in ``skip`` (already written by the quantizer) are left out."""
     from ..convert import gguf_codes
     from ..convert.gguf import TYPES as LAYOUTS
 
@@ -295,7 +342,7 @@ def _native_fields(t: str, shape: tuple[int, ...], blocks: np.ndarray, comps: di
                              ("scale.codes", layout.sc, shape[-1] // layout.sub if layout.sub else 0),
                              ("bias.codes", layout.mins, shape[-1] // layout.sub if layout.sub else 0)):
         c = comps.get(local)
-        if c is None or f is None:
+        if c is None or f is None or local in skip:
             continue
         count = int(f.parts[0][0].size)
         want = tuple(shape[:-1]) + (-(-length * f.bits // 8),)

@@ -22,6 +22,7 @@ include 0 (so that 0 is exact and z is in range).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -169,11 +170,25 @@ def _native_covers(x_dtype: np.dtype, sym: bool, scale_dtype: str, dtype: str) -
     return int_symmetric.covered(x_dtype, scale_dtype, dtype) if sym else dtype == "float32"
 
 
-def _native(rows: np.ndarray, bits: int, sym: bool, scale_dtype: str, dtype: str, packed: bool) -> tuple[np.ndarray, ...]:
+@functools.lru_cache(maxsize=None)
+def _writes_scale_bits(enc: Any) -> bool:
+    """Whether the extension module ``enc``'s int_sym writes the scales' 16-bit pattern too (one
+    built before issue 45 item 5 refuses the argument; the float64 scales are converted then)."""
+    try:
+        enc.int_sym(np.ones((1, 2), np.float32), 0, 1, 2, 4, 1, 0, False, np.empty((1, 2), np.int8), np.empty(1), np.empty(1, np.uint8), 0,
+                    np.empty(1, np.uint16))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _native(rows: np.ndarray, bits: int, sym: bool, scale_dtype: str, dtype: str, packed: bool,
+            scale_bits: bool = False) -> tuple[np.ndarray, ...]:
     """:func:`_symmetric` / :func:`_asymmetric` of all ``rows`` (groups), the same bytes, in C:
     ranges of rows on ``kernels.pool`` (GIL released).  Groups the C path leaves (status 0:
     NaN, Inf, zero or extreme ranges, ...) are encoded by the NumPy path, row by row
-    independent, so the result never depends on the split."""
+    independent, so the result never depends on the split.  ``scale_bits`` (symmetric): the
+    scales returned in ``scale_dtype`` (the same values), written by the kernel as such."""
     x = np.ascontiguousarray(rows)
     n, g = x.shape
     codes = np.empty((n, g // 2) if packed else (n, g), np.uint8 if (packed or not sym) else np.int8)
@@ -182,10 +197,14 @@ def _native(rows: np.ndarray, bits: int, sym: bool, scale_dtype: str, dtype: str
     st = np.empty(n, np.uint8)
     src, sk, level = _SRC[x.dtype.name], _SCALE_KIND[scale_dtype], kernels.encode_level()
     enc = kernels._encode
+    # symmetric: the scales' float16 / bfloat16 bits written by the kernel too (converting the
+    # float64 scales took a tenth of the encoder's time)
+    s16 = np.empty(n, np.uint16) if sym and scale_bits and _writes_scale_bits(enc) else None
 
     def run(a: int, b: int) -> None:
         if sym:
-            enc.int_sym(x[a:b], src, b - a, g, bits, sk, _OUT_KIND[dtype], packed, codes[a:b], s[a:b], st[a:b], level)
+            enc.int_sym(x[a:b], src, b - a, g, bits, sk, _OUT_KIND[dtype], packed, codes[a:b], s[a:b], st[a:b], level,
+                        None if s16 is None else s16[a:b])
         else:
             enc.int_asym(x[a:b], src, b - a, g, bits, sk, packed, codes[a:b], s[a:b], z[a:b], st[a:b], level)  # type: ignore[index]
 
@@ -203,9 +222,15 @@ def _native(rows: np.ndarray, bits: int, sym: bool, scale_dtype: str, dtype: str
         sub = x[left]
         if sym:
             codes[left], s[left], ok[left] = _symmetric(sub, bits, scale_dtype, dtype, packed)
+            if s16 is not None:
+                s16[left] = s[left].astype(np_dtype(scale_dtype)).view(np.uint16)
         else:
             q, s[left], z[left], ok[left] = _asymmetric(sub, bits, scale_dtype, dtype)  # type: ignore[index]
             codes[left] = int_symmetric.nibbles(q) if packed else q
+    if s16 is not None:  # the scales in their dtype (encode's astype then copies nothing)
+        return codes, s16.view(np_dtype(scale_dtype)), ok
+    if sym and scale_bits:
+        return codes, s.astype(np_dtype(scale_dtype)), ok
     return (codes, s, ok) if sym else (codes, s, z, ok)
 
 
@@ -302,7 +327,7 @@ def encode(x: np.ndarray, *, dtype: str, bits: Any = 4, group_size: Any = 32, ax
     # the native asymmetric encoder packs 4-bit codes too (the same canonical packing)
     packed_asym = native and not sym and b == 4 and ax == rank - 1 and ng * gs == length and gs % 2 == 0
     if native:
-        q, s, *rest = _native(rows, b, sym, sdt, dtype, packed or packed_asym)
+        q, s, *rest = _native(rows, b, sym, sdt, dtype, packed or packed_asym, scale_bits=True)
     else:
         if sym:
             parts = map_chunks(lambda a, c: _symmetric(rows[a:c], b, sdt, dtype, packed), len(rows), gs, CHUNK_ELEMENTS)
@@ -332,5 +357,5 @@ def encode(x: np.ndarray, *, dtype: str, bits: Any = 4, group_size: Any = 32, ax
         comps = {"codes": cq, "zero": _per_group(z, lead, ng, ax).astype(np.uint8)}
     desc["scale"] = {"blocks": blocks, "op": "multiply", "tensor": "scale"}
     desc["scheme"] = "int"
-    comps["scale"] = _per_group(s, lead, ng, ax).astype(np_dtype(sdt))
+    comps["scale"] = _per_group(s, lead, ng, ax).astype(np_dtype(sdt), copy=False)
     return QTensor(desc, comps)
