@@ -334,7 +334,9 @@ def batch_vs_bf16(batches: tuple[int, ...] = (1, 2, 4, 8, 512), schemes: list[st
     """Rows of (shape, batch, scheme): qformat's kernel time (median of ``reps`` after a warm-up,
     the thread's CPU time, one thread), GB/s of its weight operand, torch bf16's time measured
     around it (the mean of the medians before and after) and the ratio; ``few_off_ms``: the same
-    call with the few-rows path switched off (``_matmul.few(0)``), where the batch takes it."""
+    call with the few-rows path switched off (``_matmul.few(0)``), where the batch takes it;
+    ``table_off_ms``: with the bfloat16-table path switched off (``_matmul.bf1(0)``: the binary32
+    and bfloat16-weight paths), at 1 to 8 rows."""
     import ml_dtypes
     import torch
 
@@ -379,13 +381,19 @@ def batch_vs_bf16(batches: tuple[int, ...] = (1, 2, 4, 8, 512), schemes: list[st
                 out = np.empty((m, n), np.float32)
                 call = lambda: qk.matmul(x, *args, out, threads=1, bf16=bf)  # noqa: E731
                 tq = med(call)
-                off = None
+                off = toff = None
                 if 2 <= m <= 4:  # the few-rows path's batches (FEWMAX in _matmul.c)
                     _matmul.few(0)
                     try:
                         off = med(call)
                     finally:
                         _matmul.few(1)
+                if m <= 8:  # the bfloat16-table path's batches (BFS_MAX)
+                    _matmul.bf1(0)
+                    try:
+                        toff = med(call)
+                    finally:
+                        _matmul.bf1(1)
                 with torch.inference_mode():
                     bf_after = med(lambda: torch.nn.functional.linear(xt, wt))
                 tb = (bf_before + bf_after) / 2
@@ -396,9 +404,13 @@ def batch_vs_bf16(batches: tuple[int, ...] = (1, 2, 4, 8, 512), schemes: list[st
                 if off is not None:
                     r["few_off_ms"] = off * 1e3
                     r["few_off_x_bf16"] = tb / off
+                if toff is not None:
+                    r["table_off_ms"] = toff * 1e3
+                    r["table_off_x_bf16"] = tb / toff
                 rows.append(r)
                 print(f"  {r['shape']:>11} M={m:<4} {name:<9} {r['ms']:9.3f} ms {r['GBps']:6.2f} GB/s  torch bf16 {r['bf16_ms']:9.3f} ms  "
-                      f"x{r['x_bf16']:5.2f}" + (f"  (few off {r['few_off_ms']:8.3f} ms x{r['few_off_x_bf16']:5.2f})" if off else ""), flush=True)
+                      f"x{r['x_bf16']:5.2f}" + (f"  (few off {r['few_off_ms']:8.3f} ms x{r['few_off_x_bf16']:5.2f})" if off else "")
+                      + (f"  (table off {r['table_off_ms']:8.3f} ms x{r['table_off_x_bf16']:5.2f})" if toff else ""), flush=True)
     return rows
 
 
