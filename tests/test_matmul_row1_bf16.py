@@ -20,8 +20,6 @@ point or bias, bf16x not given; each must give the binary32 path's output bit fo
 
 from __future__ import annotations
 
-import contextlib
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -32,6 +30,7 @@ if not qk.matmul_available() or qk.matmul_level() < 2:  # pragma: no cover - ano
     pytest.skip("the one-row bfloat16 path runs at the AVX-512 level of the matmul extension", allow_module_level=True)
 
 from qformat.kernels import _matmul as mm  # noqa: E402
+from tests.test_matmul_batch import _switch  # noqa: E402
 
 if not mm.bf1():  # pragma: no cover - an AVX-512 CPU without AVX512_BF16
     pytest.skip("this CPU has no AVX512_BF16: the one-row bfloat16 path does not run", allow_module_level=True)
@@ -43,14 +42,9 @@ INT4 = np.arange(-8, 8, dtype=np.float32)
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 
 
-@contextlib.contextmanager
 def _bf1(on: bool):
-    before = bool(mm.bf1())
-    mm.bf1(int(on))
-    try:
-        yield
-    finally:
-        mm.bf1(int(before))
+    """The bfloat16-table path switched on or off for a block (test_matmul_batch's switch)."""
+    return _switch(mm.bf1, on)
 
 
 def _bf16(a: np.ndarray) -> np.ndarray:

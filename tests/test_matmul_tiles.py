@@ -36,58 +36,9 @@ if not qk.matmul_available() or qk.matmul_level() < 2 or not qk.matmul_bf16():  
 
 from qformat.kernels import _matmul as mm  # noqa: E402
 
-KIND = {"nib4": 0, "i8": 1, "u8": 2, "e4m3": 3, "e5m2": 4, "lut8": 5}
-C = np.arange(256, dtype=np.uint8)
+from tests.test_matmul_batch import KIND, _case, _switch  # noqa: E402  (the same operands and switch)
+
 XBYTES = 1 << 20  # BLK_MIN_XBYTES: x (M K bfloat16 values) must be larger for the tiled path
-
-
-def _table(kind: str, rng: np.random.Generator, bf16_values: bool) -> np.ndarray:
-    if kind == "nib4":
-        return rng.standard_normal(16).astype(np.float32)
-    if kind == "i8":
-        return C.view(np.int8).astype(np.float32)
-    if kind == "u8":
-        return C.astype(np.float32)
-    if kind == "e4m3":
-        return np.nan_to_num(C.view(ml_dtypes.float8_e4m3fn).astype(np.float32)).astype(np.float32)
-    if kind == "e5m2":
-        return C.view(ml_dtypes.float8_e5m2).astype(np.float32)
-    t = rng.standard_normal(256).astype(np.float32)
-    return t.astype(ml_dtypes.bfloat16).astype(np.float32) if bf16_values else t
-
-
-def _case(kind: str, n: int, k: int, g: int, params: str, seed: int, bf16_values: bool):
-    """(codes, table, [z, s, b], float32 weights [n, k]) with the parameters named in ``params``;
-    the parameters keep every nonzero weight in bfloat16's normal range (the caller's rule for
-    bf16x), checked by the tests."""
-    rng = np.random.default_rng(seed)
-    table = _table(kind, rng, bf16_values)
-    w = rng.integers(0, 256, (n, k // 2 if kind == "nib4" else k), dtype=np.uint8)
-    if kind == "e4m3":
-        w &= 0xF7  # no NaN code (the caller's rule for this kind)
-    if kind == "e5m2":
-        w &= 0xBF  # finite codes only
-    ps = [(rng.standard_normal((n, k // g)) * (0.5 if r == "s" else 1.0)).astype(np.float32) if r in params else None for r in "zsb"]
-    codes = np.stack([w & 15, w >> 4], -1).reshape(n, k) if kind == "nib4" else w
-    wf = table[codes]
-    z, s, b = (np.repeat(p, g, 1) if p is not None else None for p in ps)
-    if z is not None:
-        wf = (wf - z).astype(np.float32)
-    if s is not None:
-        wf = (wf * s).astype(np.float32)
-    if b is not None:
-        wf = (wf + b).astype(np.float32)
-    return w, table, ps, wf
-
-
-@contextlib.contextmanager
-def _switch(fn, on: bool):
-    before = bool(fn())
-    fn(int(on))
-    try:
-        yield
-    finally:
-        fn(int(before))
 
 
 @contextlib.contextmanager

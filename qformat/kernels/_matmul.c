@@ -1021,8 +1021,17 @@ TGTVBBF static void few_bfvb(const mm_job *j, const uint16_t *x) { FEW_ROWS(few_
  * (the absolute term) and would take a subnormal input as zero: x is checked, and every nonzero
  * table value must be a normal bfloat16 (checked per call, else the binary32 path runs). */
 
+/* x (K % 64 == 0): per 64 columns k.., the 32 columns k + 2i, then k + 2i + 1 (the order of a
+ * last 64 columns in row1_bfs and of every 64 in row1_bfs6). */
+static void permute_eo64(const float *x, Py_ssize_t K, float *xo) {
+    Py_ssize_t k;
+    int i;
+    for (k = 0; k < K; k += 64)
+        for (i = 0; i < 32; i++) xo[k + i] = x[k + 2 * i], xo[k + 32 + i] = x[k + 2 * i + 1];
+}
+
 /* x (K % 64 == 0) in row1_bfs's order: per 128 columns k.., the 32 columns k + 4i, then k + 4i + 1,
- * k + 4i + 2, k + 4i + 3 (i < 32); a last 64 columns k.. as the 32 columns k + 2i, then k + 2i + 1. */
+ * k + 4i + 2, k + 4i + 3 (i < 32); a last 64 columns in permute_eo64's order. */
 static void permute_bf1(const float *x, Py_ssize_t K, float *xo) {
     const Py_ssize_t K128 = K / 128 * 128;
     Py_ssize_t k;
@@ -1030,98 +1039,101 @@ static void permute_bf1(const float *x, Py_ssize_t K, float *xo) {
     for (k = 0; k < K128; k += 128)
         for (r = 0; r < 4; r++)
             for (i = 0; i < 32; i++) xo[k + 32 * r + i] = x[k + 4 * i + r];
-    if (K128 < K)
-        for (i = 0; i < 32; i++) xo[K128 + i] = x[K128 + 2 * i], xo[K128 + 32 + i] = x[K128 + 2 * i + 1];
+    if (K128 < K) permute_eo64(x + K128, 64, xo + K128);
 }
 
-/* The 16 table values as bfloat16 bits, twice (32 entries), where every one is zero or a finite
- * normal binary32 value that rounds to a finite normal bfloat16 (else 0: vcvtneps2bf16 and
- * vdpbf16ps would take a subnormal as zero). */
-TGTBF static int table_bf16x2(const float *table, uint16_t *tb) {
+/* The first n table values (a multiple of 16) as bfloat16 bits, where every one is zero or a
+ * finite normal binary32 value that rounds to a finite bfloat16 (else 0: vcvtneps2bf16 and
+ * vdpbf16ps would take a subnormal as zero; rounding a normal value cannot give a subnormal). */
+TGTBF static int table_bf16(const float *table, int n, uint16_t *tb) {
     int i;
-    for (i = 0; i < 16; i++) {
+    for (i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, table + i, 4);
         if ((u & 0x7FFFFFFF) && ((u & 0x7F800000) == 0 || (u & 0x7F800000) == 0x7F800000)) return 0;
     }
-    const __m256i b = bf16_of(_mm512_loadu_ps(table));
-    _mm256_storeu_si256((__m256i *)tb, b);
-    _mm256_storeu_si256((__m256i *)(tb + 16), b);
-    for (i = 0; i < 16; i++) {
-        const unsigned e = (tb[i] >> 7) & 0xFF;
-        if ((e == 0 && (tb[i] & 0x7F)) || e == 0xFF) return 0;
-    }
+    for (i = 0; i < n; i += 16) _mm256_storeu_si256((__m256i *)(tb + i), bf16_of(_mm512_loadu_ps(table + i)));
+    for (i = 0; i < n; i++)
+        if (((tb[i] >> 7) & 0xFF) == 0xFF) return 0; /* rounded up to infinity */
     return 1;
 }
 
-/* One row of x: y[n] for n in [n0, n1).  128 columns take one 64-byte load read as 32 16-bit lanes:
- * vpermw looks up bits 0-4 of each lane (the table is repeated in entries 16-31, so bit 4 does
- * not matter), and the lane shifted right by 4, 8 and 12 gives the other three codes: lane i's
- * four codes are columns k + 4i .. k + 4i + 3, no widening step.  The sum's binary32 lane L then
- * holds columns k + 8L .. k + 8L + 7. */
+/* The scale of each binary32 lane of a sum whose lanes hold cpl consecutive columns from k (8 for
+ * a 128-column step, 4 for a 64-column one): each group's scale over its g / cpl lanes (the group
+ * indices by constant divisors in the common cases), 1 without a scale. */
+TGTBF static inline __attribute__((always_inline)) __m512 bf_scale(const float *sr, Py_ssize_t k, Py_ssize_t g, const int cpl) {
+    if (!sr) return _mm512_set1_ps(1.0f);
+    if (g == 2 * cpl)
+        return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+                                     _mm512_castps256_ps512(_mm256_loadu_ps(sr + k / (2 * cpl))));
+    if (g == 4 * cpl)
+        return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                     _mm512_castps128_ps512(_mm_loadu_ps(sr + k / (4 * cpl))));
+    if (g == 8 * cpl)
+        return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                     _mm512_castpd_ps(_mm512_castpd128_pd512(_mm_load_sd((const double *)(sr + k / (8 * cpl))))));
+    return _mm512_set1_ps(sr[k / g]);
+}
+
+/* 128 weights of 4-bit codes (one 64-byte load at p) as bfloat16 table values: l[r]'s 16-bit lane i
+ * is column 4i + r.  vpermw looks up bits 0-4 of each lane (the table is repeated in entries 16-31,
+ * so bit 4 does not matter), and the lane shifted right by 4, 8 and 12 gives the other three
+ * codes: no widening step. */
+TGTBF static inline __attribute__((always_inline)) void look128(const uint8_t *p, const __m512i tab, __m512i l[4]) {
+    const __m512i c = _mm512_loadu_si512((const void *)p);
+    l[0] = _mm512_permutexvar_epi16(c, tab);
+    l[1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c, 4), tab);
+    l[2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c, 8), tab);
+    l[3] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c, 12), tab);
+}
+
+/* Four sums a0..a3 taken in turn by successive steps, a0 <- t (which reads a0), then rotated so
+ * that consecutive steps are independent. */
+#define ROT4(t)                                          \
+    do {                                                 \
+        const __m512 t_ = (t);                           \
+        a0 = a1, a1 = a2, a2 = a3, a3 = t_;              \
+    } while (0)
+
+/* One row of x: y[n] for n in [n0, n1), 128 columns per look128; the sum's binary32 lane L holds
+ * columns k + 8L .. k + 8L + 7 (k + 4L .. k + 4L + 3 in a last 64 columns). */
 TGTBF static void row1_bfs(const mm_job *j, const uint16_t *xb, const uint16_t *tb) {
     const Py_ssize_t K = j->K, G = K / j->g, g = j->g, K128 = K / 128 * 128, ahead = pf_rows(K / 2);
     const __m512i tab = _mm512_loadu_si512((const void *)tb);
-    const __m512i c2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    const __m512i c4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i c8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     Py_ssize_t n, k, q;
     for (n = j->n0; n < j->n1; n++) {
         const uint8_t *wr = j->w + n * (K / 2);
         const float *sr = j->s ? j->s + n * G : NULL;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, d, sv;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, d;
         prefetch_row(j, n + ahead, K / 2);
-#define DOT128(d, k)                                                                                          \
-    do {                                                                                                      \
-        const __m512i c_ = _mm512_loadu_si512((const void *)(wr + (k) / 2));                                  \
-        const uint16_t *x_ = xb + (k);                                                                        \
-        d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutexvar_epi16(c_, tab), (__m512bh)_mm512_loadu_si512((const void *)x_)); \
-        d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 4), tab), (__m512bh)_mm512_loadu_si512((const void *)(x_ + 32))); \
-        d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 8), tab), (__m512bh)_mm512_loadu_si512((const void *)(x_ + 64))); \
-        d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 12), tab), (__m512bh)_mm512_loadu_si512((const void *)(x_ + 96))); \
-    } while (0)
-#define ROT(t)                                           \
-    do { /* t reads a0: taken before the rotation */     \
-        const __m512 t_ = (t);                           \
-        a0 = a1, a1 = a2, a2 = a3, a3 = t_;              \
+#define DOT128(d, k)                                                                                       \
+    do {                                                                                                   \
+        __m512i l_[4];                                                                                     \
+        int r_;                                                                                            \
+        look128(wr + (k) / 2, tab, l_);                                                                    \
+        for (r_ = 0; r_ < 4; r_++)                                                                         \
+            d = _mm512_dpbf16_ps(d, (__m512bh)l_[r_], (__m512bh)_mm512_loadu_si512((const void *)(xb + (k) + 32 * r_))); \
     } while (0)
         if (g % 128 == 0) {
             for (q = 0; q < G; q++) {
                 d = _mm512_setzero_ps();
                 for (k = q * g; k < (q + 1) * g; k += 128) DOT128(d, k);
-                ROT(sr ? _mm512_fmadd_ps(d, _mm512_set1_ps(sr[q]), a0) : _mm512_add_ps(d, a0));
+                ROT4(sr ? _mm512_fmadd_ps(d, _mm512_set1_ps(sr[q]), a0) : _mm512_add_ps(d, a0));
             }
         } else {
             for (k = 0; k < K128; k += 128) {
                 d = _mm512_setzero_ps();
                 DOT128(d, k);
-                if (!sr)
-                    sv = _mm512_set1_ps(1.0f);
-                else if (g == 16)
-                    sv = _mm512_permutexvar_ps(c2, _mm512_castps256_ps512(_mm256_loadu_ps(sr + k / 16)));
-                else if (g == 32)
-                    sv = _mm512_permutexvar_ps(c4, _mm512_castps128_ps512(_mm_loadu_ps(sr + k / 32)));
-                else
-                    sv = _mm512_permutexvar_ps(c8, _mm512_castpd_ps(_mm512_castpd128_pd512(_mm_load_sd((const double *)(sr + k / 64)))));
-                ROT(_mm512_fmadd_ps(d, sv, a0));
+                ROT4(_mm512_fmadd_ps(d, bf_scale(sr, k, g, 8), a0));
             }
-            if (K128 < K) { /* the last 64 columns: lane i of lo / hi is column k + 2i / k + 2i + 1, sum lane L columns k + 4L .. */
+            if (K128 < K) { /* the last 64 columns: lane i of lo / hi is column k + 2i / k + 2i + 1 */
                 const __m512i c_ = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(wr + K128 / 2)));
                 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_permutexvar_epi16(c_, tab), (__m512bh)_mm512_loadu_si512((const void *)(xb + K128)));
                 d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 4), tab), (__m512bh)_mm512_loadu_si512((const void *)(xb + K128 + 32)));
-                if (!sr)
-                    sv = _mm512_set1_ps(1.0f);
-                else if (g == 16)
-                    sv = _mm512_permutexvar_ps(c4, _mm512_castps128_ps512(_mm_loadu_ps(sr + K128 / 16)));
-                else if (g == 32)
-                    sv = _mm512_permutexvar_ps(c8, _mm512_castpd_ps(_mm512_castpd128_pd512(_mm_load_sd((const double *)(sr + K128 / 32)))));
-                else
-                    sv = _mm512_set1_ps(sr[K128 / 64]);
-                ROT(_mm512_fmadd_ps(d, sv, a0));
+                ROT4(_mm512_fmadd_ps(d, bf_scale(sr, K128, g, 4), a0));
             }
         }
 #undef DOT128
-#undef ROT
         j->y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
     }
 }
@@ -1141,14 +1153,6 @@ TGTBF static void row1_bfs(const mm_job *j, const uint16_t *xb, const uint16_t *
  * the same L1 sets (K a multiple of 2048 puts 8 rows 4 KB apart in address bits 6-11) */
 #define BFS_XS(K) ((K) + 64)
 
-TGTBF static inline __attribute__((always_inline)) __m512 bfs_scale(const float *sr, Py_ssize_t k, Py_ssize_t g, __m512i c2, __m512i c4, __m512i c8) {
-    if (!sr) return _mm512_set1_ps(1.0f);
-    if (g == 16) return _mm512_permutexvar_ps(c2, _mm512_castps256_ps512(_mm256_loadu_ps(sr + k / 16)));
-    if (g == 32) return _mm512_permutexvar_ps(c4, _mm512_castps128_ps512(_mm_loadu_ps(sr + k / 32)));
-    if (g == 64) return _mm512_permutexvar_ps(c8, _mm512_castpd_ps(_mm512_castpd128_pd512(_mm_load_sd((const double *)(sr + k / 64)))));
-    return _mm512_set1_ps(sr[k / g]);
-}
-
 /* One pass: RW weight rows' columns [k0, k1) times NM rows of x from m0, the sums acc[r + s][m0 + m]
  * kept in registers for the pass (RW x NM of them, RW x NM dot products in flight, the RW x 4
  * lookups: at most 30 registers). */
@@ -1162,12 +1166,8 @@ TGTBF static inline __attribute__((always_inline)) __m512 bfs_scale(const float 
             __m512i l_[2][4];                                                                                             \
             __m512 sv_[2], d_[2][4];                                                                                      \
             FEW_UNROLL for (s_ = 0; s_ < RW; s_++) {                                                                      \
-                const __m512i c_ = _mm512_loadu_si512((const void *)(wr[s_] + k / 2));                                    \
-                l_[s_][0] = _mm512_permutexvar_epi16(c_, tab);                                                            \
-                l_[s_][1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 4), tab);                                      \
-                l_[s_][2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 8), tab);                                      \
-                l_[s_][3] = _mm512_permutexvar_epi16(_mm512_srli_epi16(c_, 12), tab);                                     \
-                sv_[s_] = bfs_scale(sr[s_], k, g, c2, c4, c8);                                                            \
+                look128(wr[s_] + k / 2, tab, l_[s_]);                                                                     \
+                sv_[s_] = bf_scale(sr[s_], k, g, 8);                                                                      \
                 FEW_UNROLL for (m_ = 0; m_ < (NM); m_++) d_[s_][m_] = _mm512_setzero_ps();                                \
             }                                                                                                             \
             /* the four lookups' dot products taken in turn over every (weight row, row of x): RW NM  \
@@ -1194,9 +1194,6 @@ TGTBF static inline __attribute__((always_inline)) void few_bfs_body(const mm_jo
     const Py_ssize_t K = j->K, G = K / j->g, g = j->g, N = j->N, XS = BFS_XS(K);
     const int RW = 2, NP = (NM - NL) / 4;
     const __m512i tab = _mm512_loadu_si512((const void *)tb);
-    const __m512i c2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    const __m512i c4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i c8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     Py_ssize_t kc = BFS_XBYTES / (NM * 2) / 128 * 128, nb, k0, k1, k, r, o;
     __m512 acc[FEW_R][BFS_MAX];
     int m, s, p;
@@ -1246,39 +1243,14 @@ TGTBF static void few_bfs(const mm_job *j, const uint16_t *xb, const uint16_t *t
  * operations per 64 weights where the byte-plane path takes about 20.  The same weights and
  * error terms as row1_bfs. */
 
-/* x (K % 64 == 0): per 64 columns k.., the 32 columns k + 2i, then k + 2i + 1. */
-static void permute_eo64(const float *x, Py_ssize_t K, float *xo) {
-    Py_ssize_t k;
-    int i;
-    for (k = 0; k < K; k += 64)
-        for (i = 0; i < 32; i++) xo[k + i] = x[k + 2 * i], xo[k + 32 + i] = x[k + 2 * i + 1];
-}
-
-/* The first 64 table values as bfloat16 bits where each is zero or a finite normal binary32 value
- * rounding to a finite normal bfloat16 (else 0). */
-TGTBF static int table64_bf16(const float *table, uint16_t *tb) {
-    int i;
-    for (i = 0; i < 64; i++) {
-        uint32_t u;
-        memcpy(&u, table + i, 4);
-        if ((u & 0x7FFFFFFF) && ((u & 0x7F800000) == 0 || (u & 0x7F800000) == 0x7F800000)) return 0;
-    }
-    for (i = 0; i < 64; i += 16) _mm256_storeu_si256((__m256i *)(tb + i), bf16_of(_mm512_loadu_ps(table + i)));
-    for (i = 0; i < 64; i++)
-        if (((tb[i] >> 7) & 0xFF) == 0xFF) return 0; /* rounded up to infinity */
-    return 1;
-}
-
 TGTBF static void row1_bfs6(const mm_job *j, const uint16_t *xb, const uint16_t *tb) {
     const Py_ssize_t K = j->K, G = K / j->g, g = j->g, ahead = pf_rows(K);
     const __m512i ta = _mm512_loadu_si512((const void *)tb), tb2 = _mm512_loadu_si512((const void *)(tb + 32));
-    const __m512i c4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i c8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     Py_ssize_t n, k, q;
     for (n = j->n0; n < j->n1; n++) {
         const uint8_t *wr = j->w + n * K;
         const float *sr = j->s ? j->s + n * G : NULL;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, d, sv;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, d;
         prefetch_row(j, n + ahead, K);
         /* lane L of the sum: columns k + 4L .. k + 4L + 3 */
 #define DOT6(d, k)                                                                                                     \
@@ -1287,35 +1259,25 @@ TGTBF static void row1_bfs6(const mm_job *j, const uint16_t *xb, const uint16_t 
         d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutex2var_epi16(ta, c_, tb2), (__m512bh)_mm512_loadu_si512((const void *)(xb + (k)))); \
         d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_permutex2var_epi16(ta, _mm512_srli_epi16(c_, 8), tb2), (__m512bh)_mm512_loadu_si512((const void *)(xb + (k) + 32))); \
     } while (0)
-#define ROT(t)                                           \
-    do { /* t reads a0: taken before the rotation */     \
-        const __m512 t_ = (t);                           \
-        a0 = a1, a1 = a2, a2 = a3, a3 = t_;              \
-    } while (0)
         if (g % 64 == 0) {
             for (q = 0; q < G; q++) {
                 d = _mm512_setzero_ps();
                 for (k = q * g; k < (q + 1) * g; k += 64) DOT6(d, k);
-                ROT(sr ? _mm512_fmadd_ps(d, _mm512_set1_ps(sr[q]), a0) : _mm512_add_ps(d, a0));
+                ROT4(sr ? _mm512_fmadd_ps(d, _mm512_set1_ps(sr[q]), a0) : _mm512_add_ps(d, a0));
             }
         } else {
             for (k = 0; k < K; k += 64) {
                 d = _mm512_setzero_ps();
                 DOT6(d, k);
-                if (!sr)
-                    sv = _mm512_set1_ps(1.0f);
-                else if (g == 16)
-                    sv = _mm512_permutexvar_ps(c4, _mm512_castps128_ps512(_mm_loadu_ps(sr + k / 16)));
-                else
-                    sv = _mm512_permutexvar_ps(c8, _mm512_castpd_ps(_mm512_castpd128_pd512(_mm_load_sd((const double *)(sr + k / 32)))));
-                ROT(_mm512_fmadd_ps(d, sv, a0));
+                ROT4(_mm512_fmadd_ps(d, bf_scale(sr, k, g, 4), a0));
             }
         }
 #undef DOT6
-#undef ROT
         j->y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
     }
 }
+
+#undef ROT4
 
 #include "_matmul_tiles.h" /* blk_bf, blk_bfvb: many rows of bfloat16 x in column chunks */
 
@@ -1794,11 +1756,14 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
         j.planes = planes;
 #endif
 #if QF_X86
-    /* 1 to BFS_MAX rows of bfloat16 x, 4-bit codes with a scale alone: row1_bfs / few_bfs (x and the
-     * table checked; several rows in whole 128-column steps) */
-    if (use512 && bf16x && kind == K_NIB4 && !j.z && !j.b && (M == 1 ? K % 64 == 0 : M <= BFS_MAX && K % 128 == 0) &&
-        (g == 16 || g == 32 || g % 64 == 0) && !g_bf1_off && cpu_bf16() && table_bf16x2(j.table, tb)) {
+    /* the bfloat16-table paths, a scale alone: 1 to BFS_MAX rows of 4-bit codes (row1_bfs / few_bfs;
+     * several rows in whole 128-column steps) or one row of codes below 64 (row1_bfs6); the table
+     * and x checked */
+    if (use512 && bf16x && !j.z && !j.b && (g == 16 || g == 32 || g % 64 == 0) && !g_bf1_off && cpu_bf16() &&
+        (kind == K_NIB4 ? (M == 1 ? K % 64 == 0 : M <= BFS_MAX && K % 128 == 0) && table_bf16(j.table, 16, tb)
+                        : lut6 && M == 1 && K % 64 == 0 && table_bf16(j.table, 64, tb))) {
         const Py_ssize_t xs = M == 1 ? K : BFS_XS(K); /* few_bfs's row stride */
+        if (!lut6) memcpy(tb + 16, tb, 32); /* the 16 values twice: vpermw reads bits 0-4 */
         xp = (float *)PyMem_RawMalloc((size_t)xs * (size_t)M * sizeof(float));
         xb = (uint16_t *)PyMem_RawMalloc((size_t)xs * (size_t)M * sizeof(uint16_t));
         if (!xp || !xb) {
@@ -1806,37 +1771,20 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
             FAIL(NULL);
         }
         memset(xp, 0, (size_t)xs * (size_t)M * sizeof(float)); /* the pads: converted, never read */
-        for (i = 0; i < M; i++) permute_bf1(j.x + i * K, K, xp + i * xs);
+        for (i = 0; i < M; i++) (lut6 ? permute_eo64 : permute_bf1)(j.x + i * K, K, xp + i * xs);
         call.use_bf1 = x_bf16(xp, M * xs, xb);
         PyMem_RawFree(xp);
         xp = NULL;
         if (!call.use_bf1) {
             PyMem_RawFree(xb);
             xb = NULL;
-        } else { /* no formed weight rows to keep */
+        } else { /* no formed weight rows to keep; not the byte planes' x order */
+            call.use_bf6 = lut6;
+            j.planes = NULL;
             PyMem_RawFree(wrow);
             wrow = NULL;
             call.wsz = 0;
         }
-    }
-    /* one row of bfloat16 x, codes below 64 with a scale alone: row1_bfs6 */
-    if (use512 && M == 1 && bf16x && lut6 && !j.z && !j.b && K % 64 == 0 && (g == 16 || g == 32 || g % 64 == 0) && !g_bf1_off &&
-        cpu_bf16() && table64_bf16(j.table, tb)) {
-        xp = (float *)PyMem_RawMalloc((size_t)K * sizeof(float));
-        xb = (uint16_t *)PyMem_RawMalloc((size_t)K * sizeof(uint16_t));
-        if (!xp || !xb) {
-            PyErr_NoMemory();
-            FAIL(NULL);
-        }
-        permute_eo64(j.x, K, xp);
-        call.use_bf6 = call.use_bf1 = x_bf16(xp, K, xb);
-        PyMem_RawFree(xp);
-        xp = NULL;
-        if (!call.use_bf6) {
-            PyMem_RawFree(xb);
-            xb = NULL;
-        } else
-            j.planes = NULL; /* not the byte planes' x order */
     }
 #endif
     if (!call.use_bf1 && (use_row1 || use512) && (kind == K_NIB4 || j.planes)) { /* x in the order the weights are formed */
